@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every system package minimind-cpp needs, from Debian's apt repositories only.
+# Idempotent: packages already present are left alone; safe to run again. Needs root.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake pkg-config ninja-build
+  # C++ libraries
+  libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
+  libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev
+  # An optimised BLAS: Debian's default libblas.so.3 is the reference BLAS (~4 GFLOP/s
+  # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See README "BLAS".
+  libopenblas0-pthread
+  # Python reference (tests/reference): Debian's torch shares libtorch_cpu with LibTorch.
+  python3 python3-torch python3-numpy python3-sentencepiece python3-yaml
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps.sh: run as root (it calls apt-get)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

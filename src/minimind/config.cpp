@@ -1,0 +1,238 @@
+// The key table and the validation of a parsed Config.
+#include "minimind/config.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace minimind {
+
+int64_t default_intermediate_size(int64_t hidden_size) {
+  // MiniMind: math.ceil(hidden_size * math.pi / 64) * 64
+  return static_cast<int64_t>(std::ceil(static_cast<double>(hidden_size) * M_PI / 64.0)) * 64;
+}
+
+int64_t ModelConfig::ffn_size() const {
+  return intermediate_size ? *intermediate_size : default_intermediate_size(hidden_size);
+}
+
+int64_t ModelConfig::expert_ffn_size() const {
+  return moe_intermediate_size ? *moe_intermediate_size : ffn_size();
+}
+
+#define MM_FIELD(sec, name) \
+  Field { #sec, #name, [](Config& c) -> FieldRef { return &c.sec.name; } }
+
+const std::vector<Field>& config_fields() {
+  static const std::vector<Field> fields = {
+      MM_FIELD(run, name),
+      MM_FIELD(run, seed),
+      MM_FIELD(run, threads),
+      MM_FIELD(model, hidden_size),
+      MM_FIELD(model, num_hidden_layers),
+      MM_FIELD(model, num_attention_heads),
+      MM_FIELD(model, num_key_value_heads),
+      MM_FIELD(model, vocab_size),
+      MM_FIELD(model, max_position_embeddings),
+      MM_FIELD(model, rope_theta),
+      MM_FIELD(model, rms_norm_eps),
+      MM_FIELD(model, hidden_act),
+      MM_FIELD(model, intermediate_size),
+      MM_FIELD(model, dropout),
+      MM_FIELD(model, tie_word_embeddings),
+      MM_FIELD(model, use_moe),
+      MM_FIELD(model, num_experts),
+      MM_FIELD(model, num_experts_per_tok),
+      MM_FIELD(model, moe_intermediate_size),
+      MM_FIELD(model, norm_topk_prob),
+      MM_FIELD(model, router_aux_loss_coef),
+      MM_FIELD(data, train),
+      MM_FIELD(data, val),
+      MM_FIELD(data, val_fraction),
+      MM_FIELD(data, tokenizer),
+      MM_FIELD(data, max_seq_len),
+      MM_FIELD(data, mode),
+      MM_FIELD(train, batch_size),
+      MM_FIELD(train, accumulation_steps),
+      MM_FIELD(train, max_steps),
+      MM_FIELD(train, learning_rate),
+      MM_FIELD(train, warmup_steps),
+      MM_FIELD(train, weight_decay),
+      MM_FIELD(train, beta1),
+      MM_FIELD(train, beta2),
+      MM_FIELD(train, eps),
+      MM_FIELD(train, grad_clip),
+      MM_FIELD(train, eval_interval),
+      MM_FIELD(train, checkpoint_interval),
+      MM_FIELD(train, keep_checkpoints),
+      MM_FIELD(log, interval),
+  };
+  return fields;
+}
+#undef MM_FIELD
+
+namespace {
+
+// Validation helper: every message names the key, its value's origin, and the rule.
+class Checker {
+ public:
+  explicit Checker(const Config& cfg) : cfg_(cfg) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    std::ostringstream msg;
+    msg << "config error: " << key;
+    auto it = cfg_.origin.find(key);
+    msg << " (" << (it != cfg_.origin.end() ? it->second : "default") << "): " << what;
+    throw ConfigError(msg.str());
+  }
+  void positive(const std::string& key, int64_t v) const {
+    if (v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
+  }
+  void non_negative(const std::string& key, int64_t v) const {
+    if (v < 0) fail(key, "must be >= 0, got " + std::to_string(v));
+  }
+  void in_range(const std::string& key, double v, double lo, double hi, bool hi_open) const {
+    bool ok = std::isfinite(v) && v >= lo && (hi_open ? v < hi : v <= hi);
+    if (!ok) {
+      std::ostringstream s;
+      s << "must be in [" << lo << ", " << hi << (hi_open ? ")" : "]") << ", got " << v;
+      fail(key, s.str());
+    }
+  }
+  void positive_real(const std::string& key, double v) const {
+    if (!(std::isfinite(v) && v > 0)) {
+      std::ostringstream s;
+      s << "must be a finite number > 0, got " << v;
+      fail(key, s.str());
+    }
+  }
+
+ private:
+  const Config& cfg_;
+};
+
+void validate_model(const Checker& c, ModelConfig& m) {
+  c.positive("model.hidden_size", m.hidden_size);
+  c.positive("model.num_hidden_layers", m.num_hidden_layers);
+  c.positive("model.num_attention_heads", m.num_attention_heads);
+  c.positive("model.num_key_value_heads", m.num_key_value_heads);
+  c.positive("model.max_position_embeddings", m.max_position_embeddings);
+  if (m.vocab_size < 3)
+    c.fail("model.vocab_size", "must be >= 3 (ids 0/1/2 are pad/bos/eos), got " +
+                                   std::to_string(m.vocab_size));
+  if (m.hidden_size % m.num_attention_heads != 0)
+    c.fail("model.hidden_size", std::to_string(m.hidden_size) +
+                                    " is not divisible by model.num_attention_heads (" +
+                                    std::to_string(m.num_attention_heads) + ")");
+  if (m.num_attention_heads % m.num_key_value_heads != 0)
+    c.fail("model.num_attention_heads",
+           std::to_string(m.num_attention_heads) +
+               " is not divisible by model.num_key_value_heads (" +
+               std::to_string(m.num_key_value_heads) + ")");
+  if (m.head_dim() % 2 != 0)
+    c.fail("model.hidden_size", "head_dim = hidden_size / num_attention_heads = " +
+                                    std::to_string(m.head_dim()) +
+                                    " must be even for rotary embeddings");
+  c.positive_real("model.rope_theta", m.rope_theta);
+  c.positive_real("model.rms_norm_eps", m.rms_norm_eps);
+  if (m.hidden_act != "silu")
+    c.fail("model.hidden_act", "only \"silu\" is supported (MiniMind's), got \"" +
+                                   m.hidden_act + "\"");
+  c.in_range("model.dropout", m.dropout, 0.0, 1.0, true);
+  if (m.intermediate_size) c.positive("model.intermediate_size", *m.intermediate_size);
+  if (m.moe_intermediate_size)
+    c.positive("model.moe_intermediate_size", *m.moe_intermediate_size);
+  c.positive("model.num_experts", m.num_experts);
+  c.positive("model.num_experts_per_tok", m.num_experts_per_tok);
+  if (m.num_experts_per_tok > m.num_experts)
+    c.fail("model.num_experts_per_tok",
+           std::to_string(m.num_experts_per_tok) + " is more than model.num_experts (" +
+               std::to_string(m.num_experts) + ")");
+  if (!(std::isfinite(m.router_aux_loss_coef) && m.router_aux_loss_coef >= 0))
+    c.fail("model.router_aux_loss_coef", "must be a finite number >= 0");
+
+  // Resolve the derived widths so the saved config states them.
+  m.intermediate_size = m.ffn_size();
+  m.moe_intermediate_size = m.expert_ffn_size();
+}
+
+void validate_data(const Checker& c, const Config& cfg) {
+  const DataConfig& d = cfg.data;
+  if (d.train.empty()) c.fail("data.train", "must name a JSONL corpus");
+  c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, true);
+  // pad mode needs room for bos + eos + one token.
+  if (d.max_seq_len < 3)
+    c.fail("data.max_seq_len", "must be >= 3, got " + std::to_string(d.max_seq_len));
+  if (d.max_seq_len > cfg.model.max_position_embeddings)
+    c.fail("data.max_seq_len", std::to_string(d.max_seq_len) +
+                                   " exceeds model.max_position_embeddings (" +
+                                   std::to_string(cfg.model.max_position_embeddings) + ")");
+  if (d.mode != "pack" && d.mode != "pad")
+    c.fail("data.mode", "must be \"pack\" or \"pad\", got \"" + d.mode + "\"");
+}
+
+void validate_train(const Checker& c, const TrainConfig& t) {
+  c.positive("train.batch_size", t.batch_size);
+  c.positive("train.accumulation_steps", t.accumulation_steps);
+  c.positive("train.max_steps", t.max_steps);
+  c.positive_real("train.learning_rate", t.learning_rate);
+  c.non_negative("train.warmup_steps", t.warmup_steps);
+  if (t.warmup_steps >= t.max_steps)
+    c.fail("train.warmup_steps", std::to_string(t.warmup_steps) +
+                                     " must be less than train.max_steps (" +
+                                     std::to_string(t.max_steps) + ")");
+  c.in_range("train.weight_decay", t.weight_decay, 0.0, 1.0, false);
+  c.in_range("train.beta1", t.beta1, 0.0, 1.0, true);
+  c.in_range("train.beta2", t.beta2, 0.0, 1.0, true);
+  c.positive_real("train.eps", t.eps);
+  if (!(std::isfinite(t.grad_clip) && t.grad_clip >= 0))
+    c.fail("train.grad_clip", "must be a finite number >= 0 (0 disables clipping)");
+  c.positive("train.eval_interval", t.eval_interval);
+  c.positive("train.checkpoint_interval", t.checkpoint_interval);
+  c.positive("train.keep_checkpoints", t.keep_checkpoints);
+}
+
+void validate_run(const Checker& c, const RunConfig& r) {
+  if (r.name.empty() || r.name.find_first_of("/\\ \t\n") != std::string::npos)
+    c.fail("run.name", "must be a non-empty name without slashes or spaces (it names "
+                       "the run directory), got \"" + r.name + "\"");
+  c.non_negative("run.seed", r.seed);
+  c.non_negative("run.threads", r.threads);
+}
+
+}  // namespace
+
+std::vector<std::string> validate_and_resolve(Config& cfg) {
+  Checker c(cfg);
+  validate_run(c, cfg.run);
+  validate_model(c, cfg.model);
+  validate_data(c, cfg);
+  validate_train(c, cfg.train);
+  c.positive("log.interval", cfg.log.interval);
+
+  std::vector<std::string> warnings;
+  const ModelConfig& m = cfg.model;
+  if (m.use_moe && m.num_experts_per_tok == 1 && m.norm_topk_prob) {
+    warnings.push_back(
+        "model.num_experts_per_tok = 1 with model.norm_topk_prob = true: the single "
+        "routing weight is renormalised to exactly 1.0, so the language-model loss sends "
+        "no gradient to the router (MiniMind issue #858); only the aux loss trains it, "
+        "which only pushes routing towards uniform. Set norm_topk_prob: false (the weight "
+        "is then the router's softmax probability, as in Switch Transformer) or use "
+        "num_experts_per_tok >= 2.");
+  }
+  if (m.use_moe && m.router_aux_loss_coef == 0) {
+    warnings.push_back(
+        "model.router_aux_loss_coef = 0: nothing balances the experts; watch the "
+        "expert-load logs for collapse.");
+  }
+  return warnings;
+}
+
+LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  LoadedConfig out{load_config_file(path), {}};
+  for (const auto& o : overrides) apply_override(out.config, o);
+  out.warnings = validate_and_resolve(out.config);
+  return out;
+}
+
+}  // namespace minimind

@@ -1,0 +1,223 @@
+// YAML <-> Config: strict parsing (unknown keys, wrong types and duplicates are errors
+// that name the key and line), --set overrides, and writing the resolved config back.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "minimind/config.h"
+
+namespace minimind {
+namespace {
+
+const Field* find_field(const std::string& section, const std::string& key) {
+  for (const auto& f : config_fields())
+    if (section == f.section && key == f.key) return &f;
+  return nullptr;
+}
+
+bool is_section(const std::string& s) {
+  for (const auto& f : config_fields())
+    if (s == f.section) return true;
+  return false;
+}
+
+std::string keys_of(const std::string& section) {
+  std::string out;
+  for (const auto& f : config_fields())
+    if (section == f.section) out += (out.empty() ? "" : ", ") + std::string(f.key);
+  return out;
+}
+
+std::string where(const std::string& source, const YAML::Node& node) {
+  const YAML::Mark m = node.Mark();
+  if (m.line < 0) return source;
+  return source + " line " + std::to_string(m.line + 1);
+}
+
+[[noreturn]] void type_error(const std::string& key, const std::string& origin,
+                             const std::string& expected, const YAML::Node& node) {
+  std::string got = node.IsScalar() ? "\"" + node.Scalar() + "\""
+                    : node.IsSequence() ? "a list"
+                    : node.IsMap()      ? "a mapping"
+                                        : "nothing";
+  throw ConfigError("config error: " + key + " (" + origin + "): expected " + expected +
+                    ", got " + got);
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, out);
+  return ec == std::errc() && p == end && !s.empty();
+}
+
+bool parse_double(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+// Stores one YAML value into the field, checking its type.
+void assign(Config& cfg, const Field& field, const YAML::Node& node, const std::string& origin) {
+  const std::string key = field.path();
+  const bool null = node.IsNull();
+  if (!null && !node.IsScalar()) type_error(key, origin, "a single value", node);
+  const std::string s = null ? "" : node.Scalar();
+  FieldRef ref = field.bind(cfg);
+
+  if (auto* p = std::get_if<int64_t*>(&ref)) {
+    if (!parse_int(s, **p)) type_error(key, origin, "an integer", node);
+  } else if (auto* p = std::get_if<std::optional<int64_t>*>(&ref)) {
+    int64_t v = 0;
+    if (null) {
+      **p = std::nullopt;  // derived from other keys at validation
+    } else if (parse_int(s, v)) {
+      **p = v;
+    } else {
+      type_error(key, origin, "an integer or null (derived)", node);
+    }
+  } else if (auto* p = std::get_if<double*>(&ref)) {
+    if (!parse_double(s, **p)) type_error(key, origin, "a number", node);
+  } else if (auto* p = std::get_if<bool*>(&ref)) {
+    if (s == "true" || s == "True" || s == "TRUE") {
+      **p = true;
+    } else if (s == "false" || s == "False" || s == "FALSE") {
+      **p = false;
+    } else {
+      type_error(key, origin, "true or false", node);
+    }
+  } else if (auto* p = std::get_if<std::string*>(&ref)) {
+    **p = s;
+  }
+  cfg.origin[key] = origin;
+}
+
+void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) {
+  if (root.IsNull()) return;  // an empty file: all defaults
+  if (!root.IsMap())
+    throw ConfigError("config error: " + where(source, root) +
+                      ": the top level must be a mapping of sections (run, model, data, "
+                      "train, log)");
+  std::map<std::string, int> seen_sections;
+  for (const auto& sec : root) {
+    const std::string name = sec.first.as<std::string>();
+    if (!is_section(name))
+      throw ConfigError("config error: unknown section '" + name + "' (" +
+                        where(source, sec.first) +
+                        "); sections are run, model, data, train, log");
+    if (seen_sections[name]++)
+      throw ConfigError("config error: section '" + name + "' appears twice (" +
+                        where(source, sec.first) + ")");
+    if (sec.second.IsNull()) continue;
+    if (!sec.second.IsMap())
+      throw ConfigError("config error: section '" + name + "' (" +
+                        where(source, sec.second) + ") must be a mapping of keys");
+    std::map<std::string, int> seen_keys;
+    for (const auto& kv : sec.second) {
+      const std::string key = kv.first.as<std::string>();
+      const Field* field = find_field(name, key);
+      if (!field)
+        throw ConfigError("config error: unknown key '" + name + "." + key + "' (" +
+                          where(source, kv.first) + "); keys of '" + name +
+                          "' are: " + keys_of(name));
+      if (seen_keys[key]++)
+        throw ConfigError("config error: key '" + name + "." + key + "' appears twice (" +
+                          where(source, kv.first) + ")");
+      assign(cfg, *field, kv.second, where(source, kv.second));
+    }
+  }
+}
+
+YAML::Node load_yaml(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("config error: " + source + " line " + std::to_string(e.mark.line + 1) +
+                      ": invalid YAML: " + e.msg);
+  }
+}
+
+}  // namespace
+
+Config load_config_string(const std::string& yaml, const std::string& source_name) {
+  Config cfg;
+  parse_root(cfg, load_yaml(yaml, source_name), source_name);
+  return cfg;
+}
+
+Config load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("config error: cannot read config file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return load_config_string(text.str(), path);
+}
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const std::string origin = "--set " + assignment;
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw ConfigError("config error: " + origin + ": expected section.key=value, e.g. "
+                      "--set train.max_steps=100");
+  const std::string section = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const Field* field = find_field(section, key);
+  if (!field) {
+    std::string hint = is_section(section) ? "keys of '" + section + "' are: " + keys_of(section)
+                                           : "sections are run, model, data, train, log";
+    throw ConfigError("config error: unknown key '" + section + "." + key + "' (" + origin +
+                      "); " + hint);
+  }
+  // Parse the value as YAML so `null`, quoted strings and numbers behave as in a file;
+  // a string key whose text is not a single YAML scalar (a path with ": ") takes it raw.
+  const std::string text = assignment.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception&) {
+  }
+  const bool is_string = std::holds_alternative<std::string*>(field->bind(cfg));
+  if (is_string && !(value.IsScalar() || value.IsNull())) value = YAML::Node(text);
+  if (!value.IsDefined()) value = load_yaml(text, origin);  // reports the YAML error
+  assign(cfg, *field, value, origin);
+}
+
+std::string config_to_yaml(const Config& cfg_in) {
+  Config cfg = cfg_in;  // bind() needs a mutable Config; nothing is changed
+  YAML::Emitter out;
+  out << YAML::Comment("resolved minimind-cpp config (defaults and derived sizes filled in)");
+  out << YAML::BeginMap;
+  std::string section;
+  for (const auto& f : config_fields()) {
+    if (section != f.section) {
+      if (!section.empty()) out << YAML::EndMap;
+      section = f.section;
+      out << YAML::Key << section << YAML::Value << YAML::BeginMap;
+    }
+    out << YAML::Key << f.key << YAML::Value;
+    FieldRef ref = f.bind(cfg);
+    if (auto* p = std::get_if<int64_t*>(&ref)) {
+      out << **p;
+    } else if (auto* p = std::get_if<std::optional<int64_t>*>(&ref)) {
+      if (**p) out << ***p; else out << YAML::Null;
+    } else if (auto* p = std::get_if<double*>(&ref)) {
+      // Shortest text that reads back to the same double; always with a '.' or 'e'.
+      std::string s = fmt::format("{}", **p);
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      out << s;
+    } else if (auto* p = std::get_if<bool*>(&ref)) {
+      out << (**p ? "true" : "false");
+    } else if (auto* p = std::get_if<std::string*>(&ref)) {
+      out << YAML::DoubleQuoted << **p;
+    }
+  }
+  out << YAML::EndMap << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace minimind

@@ -1,0 +1,38 @@
+// Grouped-query self-attention as MiniMind-3: q/k/v/o projections without bias,
+// per-head RMSNorm on q and k before RoPE, causal softmax in float32.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "minimind/config.h"
+#include "minimind/model/rms_norm.h"
+#include "minimind/model/rope.h"
+
+namespace minimind {
+
+// Keys and values of one layer for the positions seen so far (generation).
+struct LayerKVCache {
+  torch::Tensor k;  // [B, S, kv_heads, head_dim], undefined while empty
+  torch::Tensor v;  // [B, S, kv_heads, head_dim]
+  int64_t length() const { return k.defined() ? k.size(1) : 0; }
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& cfg);
+
+  // x: [B, T, H]. Positions start at cache->length() (0 without a cache); a given
+  // cache is extended with this call's keys and values.
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
+                        LayerKVCache* cache = nullptr);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double dropout_;
+};
+TORCH_MODULE(Attention);
+
+}  // namespace minimind

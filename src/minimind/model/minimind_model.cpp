@@ -1,0 +1,113 @@
+#include "minimind/model/minimind_model.h"
+
+namespace minimind {
+
+MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
+  self_attn = register_module("self_attn", Attention(cfg));
+  input_layernorm = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+  if (cfg.use_moe) {
+    moe_mlp = register_module("mlp", MOEFeedForward(cfg));
+  } else {
+    dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size()));
+  }
+}
+
+BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                       LayerKVCache* cache) {
+  torch::Tensor h = x + self_attn(input_layernorm(x), rope, cache);  // [B, T, H]
+  torch::Tensor normed = post_attention_layernorm(h);
+  if (moe_mlp) {
+    MoEOutput moe = moe_mlp(normed);
+    return {h + moe.y, moe.aux_loss, moe.counts};
+  }
+  return {h + dense_mlp(normed), {}, {}};
+}
+
+MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+  embed_tokens = register_module("embed_tokens",
+                                 torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    blocks.emplace_back(cfg);
+    layers->push_back(blocks.back());
+  }
+  norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+  rope = make_rotary_tables(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta);
+}
+
+MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  model = register_module("model", MiniMindModel(cfg));
+  if (!cfg.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(cfg.hidden_size, cfg.vocab_size).bias(false)));
+  }
+}
+
+torch::Tensor MiniMindForCausalLMImpl::lm_head_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
+                                               const torch::Tensor& labels, KVCache* cache) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  const int64_t past = cache && !cache->empty() ? (*cache)[0].length() : 0;
+  TORCH_CHECK(past + input_ids.size(1) <= model->rope.cos.size(0), "sequence of ",
+              past + input_ids.size(1), " positions exceeds max_position_embeddings (",
+              model->rope.cos.size(0), ")");
+  if (cache) cache->resize(model->blocks.size());
+
+  ForwardOutput out;
+  torch::Tensor h = torch::dropout(model->embed_tokens(input_ids), model->dropout,
+                                   is_training());                    // [B, T, H]
+  for (size_t i = 0; i < model->blocks.size(); ++i) {
+    BlockOutput b = model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr);
+    h = b.hidden;
+    if (b.aux_loss.defined()) {
+      out.aux_loss = out.aux_loss.defined() ? out.aux_loss + b.aux_loss : b.aux_loss;
+      out.expert_counts.push_back(b.counts);
+    }
+  }
+  h = model->norm(h);
+  out.logits = torch::linear(h, lm_head_weight());                   // [B, T, V]
+  if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, out.logits.options());
+
+  if (labels.defined()) {
+    const int64_t T = out.logits.size(1), V = out.logits.size(2);
+    torch::Tensor shift_logits = out.logits.narrow(1, 0, T - 1).reshape({-1, V});
+    torch::Tensor shift_labels = labels.narrow(1, 1, T - 1).reshape({-1});
+    out.loss = torch::nn::functional::cross_entropy(
+        shift_logits, shift_labels,
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  }
+  return out;
+}
+
+void init_weights(MiniMindForCausalLM& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const bool is_norm = name.size() >= 11 && name.find("norm.weight") == name.size() - 11;
+    if (is_norm) {
+      item.value().fill_(1.0);
+    } else {
+      item.value().normal_(0.0, 0.02);
+    }
+  }
+}
+
+ParamCount count_parameters(const MiniMindForCausalLM& model) {
+  const ModelConfig& cfg = model->config();
+  ParamCount c{0, 0};
+  for (const auto& p : model->parameters()) c.total += p.numel();
+  c.active = c.total;
+  if (cfg.use_moe) {
+    const int64_t per_expert = 3 * cfg.hidden_size * cfg.expert_ffn_size();
+    c.active -= cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * per_expert;
+  }
+  return c;
+}
+
+}  // namespace minimind

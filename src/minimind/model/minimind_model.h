@@ -1,0 +1,93 @@
+// MiniMind-3 causal LM: embed_tokens -> dropout -> pre-norm blocks -> norm -> lm_head.
+// Module names equal MiniMind's, so named_parameters() are its state-dict names.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "minimind/config.h"
+#include "minimind/model/attention.h"
+#include "minimind/model/feed_forward.h"
+#include "minimind/model/moe_feed_forward.h"
+#include "minimind/model/rms_norm.h"
+#include "minimind/model/rope.h"
+
+namespace minimind {
+
+struct BlockOutput {
+  torch::Tensor hidden;    // [B, T, H]
+  torch::Tensor aux_loss;  // [] (undefined for a dense block)
+  torch::Tensor counts;    // [E] int64 (undefined for a dense block)
+};
+
+// h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+class MiniMindBlockImpl : public torch::nn::Module {
+ public:
+  explicit MiniMindBlockImpl(const ModelConfig& cfg);
+  BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache);
+
+  Attention self_attn{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  FeedForward dense_mlp{nullptr};  // registered as "mlp" when !use_moe
+  MOEFeedForward moe_mlp{nullptr};  // registered as "mlp" when use_moe
+};
+TORCH_MODULE(MiniMindBlock);
+
+class MiniMindModelImpl : public torch::nn::Module {
+ public:
+  explicit MiniMindModelImpl(const ModelConfig& cfg);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  std::vector<MiniMindBlock> blocks;  // typed view of `layers`
+  RotaryTables rope;
+  double dropout;
+};
+TORCH_MODULE(MiniMindModel);
+
+// Generation state: one KV cache per layer.
+using KVCache = std::vector<LayerKVCache>;
+
+struct ForwardOutput {
+  torch::Tensor logits;    // [B, T, V]
+  torch::Tensor loss;      // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
+  torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
+  std::vector<torch::Tensor> expert_counts;  // per MoE layer: [E] int64 for this batch
+};
+
+class MiniMindForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg);
+
+  // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional).
+  // cache: per-layer KV cache for generation (positions continue after its length).
+  ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
+                        KVCache* cache = nullptr);
+
+  // The output projection [V, H]: embed_tokens.weight when tied (LibTorch cannot tie by
+  // assignment), else lm_head.weight.
+  torch::Tensor lm_head_weight() const;
+
+  const ModelConfig& config() const { return cfg_; }
+
+  MiniMindModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // only when !tie_word_embeddings
+
+ private:
+  ModelConfig cfg_;
+};
+TORCH_MODULE(MiniMindForCausalLM);
+
+// Fresh weights as MiniMind initialises them: Linear/Embedding ~ N(0, 0.02), norms = 1.
+// Uses torch's global generator: call torch::manual_seed first for reproducible weights.
+void init_weights(MiniMindForCausalLM& model);
+
+struct ParamCount {
+  int64_t total;   // every parameter once (a tied embedding counts once)
+  int64_t active;  // per token: only num_experts_per_tok experts of each MoE layer
+};
+ParamCount count_parameters(const MiniMindForCausalLM& model);
+
+}  // namespace minimind

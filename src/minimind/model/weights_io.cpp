@@ -1,0 +1,103 @@
+#include "minimind/model/weights_io.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+namespace minimind {
+
+NamedTensors state_dict(const MiniMindForCausalLM& model) {
+  NamedTensors out;
+  for (const auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
+  if (model->config().tie_word_embeddings)
+    out.emplace_back("lm_head.weight", model->model->embed_tokens->weight);
+  return out;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw WeightsError("cannot write '" + tmp + "'");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) throw WeightsError("writing '" + tmp + "' failed (disk full?)");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw WeightsError("cannot rename '" + tmp + "' to '" + path + "'");
+}
+
+void save_weights(const MiniMindForCausalLM& model, const std::string& path, torch::Dtype dtype) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, t] : state_dict(model))
+    dict.insert(name, t.detach().to(dtype).contiguous().clone());
+  write_file_atomic(path, torch::pickle_save(c10::IValue(dict)));
+}
+
+c10::IValue read_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw WeightsError("cannot read '" + path + "' (missing file?)");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    throw WeightsError("'" + path + "' is not a file written by torch.save (corrupt or "
+                       "truncated?): " + what);
+  }
+}
+
+NamedTensors read_tensor_dict(const std::string& path) {
+  c10::IValue value = read_pickle(path);
+  if (!value.isGenericDict())
+    throw WeightsError("'" + path + "' does not hold a {name: tensor} dict");
+  NamedTensors out;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor())
+      throw WeightsError("'" + path + "' holds a non-tensor entry; expected {name: tensor}");
+    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+void load_weights(MiniMindForCausalLM& model, const std::string& path) {
+  std::map<std::string, torch::Tensor> file;
+  for (auto& [name, t] : read_tensor_dict(path)) file[name] = t;
+
+  std::vector<std::string> problems;
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& [name, t] : state_dict(model)) expected[name] = t;
+  for (const auto& [name, t] : expected) {
+    auto it = file.find(name);
+    if (it == file.end()) {
+      problems.push_back("missing " + name + " " + c10::str(t.sizes()));
+    } else if (it->second.sizes() != t.sizes()) {
+      problems.push_back("shape of " + name + ": file " + c10::str(it->second.sizes()) +
+                         ", model " + c10::str(t.sizes()));
+    } else if (!it->second.is_floating_point()) {
+      problems.push_back(name + " is not a floating-point tensor");
+    }
+  }
+  for (const auto& [name, t] : file)
+    if (!expected.count(name)) problems.push_back("unexpected " + name + " " + c10::str(t.sizes()));
+
+  if (!problems.empty()) {
+    std::ostringstream msg;
+    msg << "weights in '" << path << "' do not match the model config (" << problems.size()
+        << " mismatch" << (problems.size() > 1 ? "es" : "") << "):";
+    for (size_t i = 0; i < problems.size() && i < 8; ++i) msg << "\n  " << problems[i];
+    if (problems.size() > 8) msg << "\n  ...";
+    msg << "\nhint: check model.hidden_size, num_hidden_layers, use_moe and num_experts "
+           "against the checkpoint's config.";
+    throw WeightsError(msg.str());
+  }
+
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters())
+    item.value().copy_(file.at(item.key()).to(item.value().scalar_type()));
+}
+
+}  // namespace minimind

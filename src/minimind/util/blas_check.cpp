@@ -1,0 +1,43 @@
+#include "minimind/util/blas_check.h"
+
+#include <link.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+namespace minimind {
+
+std::string loaded_blas_library() {
+  std::string found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* name = info->dlpi_name;
+        if (name && std::strstr(name, "libblas.so")) {
+          char resolved[PATH_MAX];
+          *static_cast<std::string*>(data) = realpath(name, resolved) ? resolved : name;
+          return 1;
+        }
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+BlasReport check_blas(int64_t n) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
+  torch::Tensor c = torch::mm(a, b);  // warm-up: thread pools, page faults
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    torch::mm_out(c, a, b);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double gflops = 2.0 * n * n * n / best / 1e9;
+  return {loaded_blas_library(), gflops, gflops >= kMinSaneGflops};
+}
+
+}  // namespace minimind

@@ -1,0 +1,24 @@
+// Is torch's matmul running on an optimised BLAS? Debian's default libblas.so.3 is the
+// reference BLAS (~4 GFLOP/s fp32 here, 20-30x slower than OpenBLAS).
+#pragma once
+
+#include <string>
+
+namespace minimind {
+
+struct BlasReport {
+  std::string library;  // resolved path of the loaded libblas.so.3
+  double gflops;        // fp32 matmul speed measured now
+  bool ok;              // fast enough for training
+};
+
+// Measures a few square fp32 matmuls (about 30 ms with OpenBLAS) and names the BLAS.
+BlasReport check_blas(int64_t n = 384);
+
+// The real file behind the libblas.so.3 mapped into this process ("" if none).
+std::string loaded_blas_library();
+
+// Below this, a matmul-bound trainer is unusable; OpenBLAS gives 90-140 GFLOP/s here.
+constexpr double kMinSaneGflops = 20.0;
+
+}  // namespace minimind

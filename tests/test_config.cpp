@@ -1,0 +1,204 @@
+// Config: defaults, derived sizes, shipped presets, overrides, round trip, and each class
+// of error (unknown key, wrong type, invalid value, bad YAML), which must name key and line.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "minimind/config.h"
+
+using namespace minimind;
+
+namespace {
+
+// Parses + validates; returns the ConfigError message ("" if none was thrown).
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    Config cfg = load_config_string(yaml, "test.yaml");
+    for (const auto& o : overrides) apply_override(cfg, o);
+    validate_and_resolve(cfg);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::string& yaml, const std::vector<std::string>& parts,
+                  const std::vector<std::string>& overrides = {}) {
+  const std::string msg = error_of(yaml, overrides);
+  ASSERT_FALSE(msg.empty()) << "no error for:\n" << yaml;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
+std::string shipped(const std::string& name) {
+  return std::string(MINIMIND_SOURCE_DIR) + "/configs/" + name;
+}
+
+}  // namespace
+
+TEST(ConfigDefaults, EmptyFileGivesMiniMindDefaults) {
+  Config cfg = load_config_string("", "empty.yaml");
+  validate_and_resolve(cfg);
+  EXPECT_EQ(cfg.model.hidden_size, 768);
+  EXPECT_EQ(cfg.model.num_hidden_layers, 8);
+  EXPECT_EQ(cfg.model.num_attention_heads, 8);
+  EXPECT_EQ(cfg.model.num_key_value_heads, 4);
+  EXPECT_EQ(cfg.model.vocab_size, 6400);
+  EXPECT_EQ(cfg.model.max_position_embeddings, 32768);
+  EXPECT_DOUBLE_EQ(cfg.model.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(cfg.model.rms_norm_eps, 1e-6);
+  EXPECT_EQ(*cfg.model.intermediate_size, 2432);
+  EXPECT_EQ(*cfg.model.moe_intermediate_size, 2432);
+  EXPECT_TRUE(cfg.model.tie_word_embeddings);
+  EXPECT_FALSE(cfg.model.use_moe);
+  EXPECT_EQ(cfg.model.num_experts, 4);
+  EXPECT_EQ(cfg.model.num_experts_per_tok, 1);
+  EXPECT_TRUE(cfg.model.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(cfg.model.router_aux_loss_coef, 5e-4);
+  EXPECT_EQ(cfg.train.batch_size, 32);
+  EXPECT_EQ(cfg.train.accumulation_steps, 8);
+  EXPECT_DOUBLE_EQ(cfg.train.learning_rate, 5e-4);
+  EXPECT_DOUBLE_EQ(cfg.train.grad_clip, 1.0);
+  EXPECT_DOUBLE_EQ(cfg.train.weight_decay, 0.01);
+}
+
+TEST(ConfigDefaults, DerivedIntermediateSizeMatchesMiniMind) {
+  // ceil(hidden * pi / 64) * 64, values from docs/minimind-spec.md
+  EXPECT_EQ(default_intermediate_size(768), 2432);
+  EXPECT_EQ(default_intermediate_size(512), 1664);
+  EXPECT_EQ(default_intermediate_size(256), 832);
+  EXPECT_EQ(default_intermediate_size(128), 448);
+  Config cfg = load_config_string("model:\n  hidden_size: 256\n  intermediate_size: null\n", "t");
+  validate_and_resolve(cfg);
+  EXPECT_EQ(*cfg.model.intermediate_size, 832);
+  Config set = load_config_string("model:\n  intermediate_size: 1000\n", "t");
+  validate_and_resolve(set);
+  EXPECT_EQ(*set.model.intermediate_size, 1000);
+  EXPECT_EQ(*set.model.moe_intermediate_size, 1000);  // follows intermediate_size
+}
+
+TEST(ConfigPresets, ShippedConfigsLoadAndValidate) {
+  for (const char* name : {"moe.yaml", "dense.yaml", "minimind-3.yaml", "minimind-3-moe.yaml"}) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(load_config(shipped(name), {}));
+  }
+  LoadedConfig moe = load_config(shipped("moe.yaml"), {});
+  LoadedConfig dense = load_config(shipped("dense.yaml"), {});
+  EXPECT_TRUE(moe.config.model.use_moe);
+  EXPECT_FALSE(dense.config.model.use_moe);
+  // The dense twin has the same shapes, so the same active parameters (see model tests).
+  EXPECT_EQ(moe.config.model.hidden_size, dense.config.model.hidden_size);
+  EXPECT_EQ(moe.config.model.num_hidden_layers, dense.config.model.num_hidden_layers);
+  EXPECT_EQ(*moe.config.model.moe_intermediate_size, *dense.config.model.intermediate_size);
+}
+
+TEST(ConfigWarnings, Top1WithRenormalisationWarnsAboutIssue858) {
+  LoadedConfig real = load_config(shipped("minimind-3-moe.yaml"), {});
+  ASSERT_EQ(real.warnings.size(), 1u);
+  EXPECT_NE(real.warnings[0].find("#858"), std::string::npos);
+  EXPECT_NE(real.warnings[0].find("no gradient to the router"), std::string::npos);
+  // The tiny preset chose norm_topk_prob: false deliberately, so it does not warn.
+  EXPECT_TRUE(load_config(shipped("moe.yaml"), {}).warnings.empty());
+  // k = 2 with renormalisation is fine.
+  EXPECT_TRUE(load_config(shipped("minimind-3-moe.yaml"), {"model.num_experts_per_tok=2"})
+                  .warnings.empty());
+}
+
+TEST(ConfigOverrides, SetChangesValuesBeforeValidation) {
+  LoadedConfig c = load_config(shipped("moe.yaml"),
+                               {"train.max_steps=70", "model.norm_topk_prob=true",
+                                "data.val=some/file.jsonl", "model.intermediate_size=null"});
+  EXPECT_EQ(c.config.train.max_steps, 70);
+  EXPECT_TRUE(c.config.model.norm_topk_prob);
+  EXPECT_EQ(c.config.data.val, "some/file.jsonl");
+  EXPECT_EQ(*c.config.model.intermediate_size, 448);
+  EXPECT_EQ(c.config.origin.at("train.max_steps"), "--set train.max_steps=70");
+  EXPECT_EQ(c.warnings.size(), 1u);  // now top-1 with renormalisation
+  // An override makes an invalid value that validation then reports with its origin.
+  expect_error("", {"model.num_experts_per_tok", "--set model.num_experts_per_tok=9",
+                    "more than model.num_experts"},
+               {"model.num_experts_per_tok=9"});
+}
+
+TEST(ConfigOverrides, BadSetIsAnError) {
+  expect_error("", {"expected section.key=value"}, {"train.max_steps"});
+  expect_error("", {"expected section.key=value"}, {"max_steps=3"});
+  expect_error("", {"unknown key 'train.max_stepz'", "keys of 'train' are"}, {"train.max_stepz=3"});
+  expect_error("", {"unknown key 'trian.max_steps'", "sections are"}, {"trian.max_steps=3"});
+  expect_error("", {"train.max_steps", "--set", "expected an integer", "\"ten\""}, {"train.max_steps=ten"});
+}
+
+TEST(ConfigErrors, UnknownKeyNamesKeyAndLine) {
+  expect_error("run:\n  name: x\nmodel:\n  hidden_size: 64\n  hiden_layers: 2\n",
+               {"unknown key 'model.hiden_layers'", "test.yaml line 5", "num_hidden_layers"});
+  expect_error("model:\n  hidden_size: 64\nmodle:\n  x: 1\n",
+               {"unknown section 'modle'", "line 3"});
+}
+
+TEST(ConfigErrors, WrongTypeNamesKeyAndLine) {
+  expect_error("model:\n  hidden_size: abc\n",
+               {"model.hidden_size", "test.yaml line 2", "expected an integer", "\"abc\""});
+  expect_error("model:\n  hidden_size: 64.5\n", {"model.hidden_size", "expected an integer"});
+  expect_error("model:\n  use_moe: 3\n", {"model.use_moe", "line 2", "true or false"});
+  expect_error("model:\n  rope_theta: big\n", {"model.rope_theta", "expected a number"});
+  expect_error("train:\n  batch_size: [1, 2]\n", {"train.batch_size", "line 2", "a list"});
+  expect_error("model: 5\n", {"section 'model'", "line 1", "mapping"});
+  expect_error("- a\n- b\n", {"top level must be a mapping"});
+}
+
+TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
+  expect_error("model:\n  hidden_size: 100\n  num_attention_heads: 3\n",
+               {"model.hidden_size", "test.yaml line 2", "not divisible by model.num_attention_heads"});
+  expect_error("model:\n  num_attention_heads: 8\n  num_key_value_heads: 3\n",
+               {"model.num_attention_heads", "line 2", "not divisible by model.num_key_value_heads"});
+  expect_error("model:\n  use_moe: true\n  num_experts: 2\n  num_experts_per_tok: 3\n",
+               {"model.num_experts_per_tok", "line 4", "more than model.num_experts"});
+  expect_error("model:\n  hidden_size: 0\n", {"model.hidden_size", "line 2", "must be > 0"});
+  expect_error("model:\n  num_hidden_layers: -2\n", {"model.num_hidden_layers", "must be > 0"});
+  expect_error("model:\n  intermediate_size: 0\n", {"model.intermediate_size", "must be > 0"});
+  expect_error("model:\n  num_experts: 0\n", {"model.num_experts", "must be > 0"});
+  expect_error("model:\n  vocab_size: 2\n", {"model.vocab_size", ">= 3"});
+  expect_error("model:\n  hidden_size: 24\n  num_attention_heads: 8\n  num_key_value_heads: 4\n",
+               {"head_dim", "even"});
+  expect_error("model:\n  dropout: 1.5\n", {"model.dropout", "[0, 1)"});
+  expect_error("model:\n  hidden_act: gelu\n", {"model.hidden_act", "silu"});
+  expect_error("model:\n  router_aux_loss_coef: -1\n", {"model.router_aux_loss_coef", ">= 0"});
+  expect_error("data:\n  mode: stream\n", {"data.mode", "line 2", "pack"});
+  expect_error("data:\n  max_seq_len: 70000\n", {"data.max_seq_len", "max_position_embeddings"});
+  expect_error("train:\n  learning_rate: 0\n", {"train.learning_rate", "> 0"});
+  expect_error("train:\n  max_steps: 10\n  warmup_steps: 10\n", {"train.warmup_steps", "less than"});
+  expect_error("run:\n  name: a/b\n", {"run.name", "slashes"});
+  // A default that becomes invalid through another key says "default".
+  expect_error("model:\n  num_attention_heads: 5\n  num_key_value_heads: 5\n", {"model.hidden_size (default)"});
+}
+
+TEST(ConfigErrors, DuplicatesAndBadYaml) {
+  expect_error("model:\n  hidden_size: 64\n  hidden_size: 128\n",
+               {"'model.hidden_size' appears twice", "line 3"});
+  expect_error("model:\n  hidden_size: 64\nmodel:\n  use_moe: true\n", {"section 'model' appears twice"});
+  expect_error("model:\n  hidden_size: [64\n", {"invalid YAML", "test.yaml line"});
+}
+
+TEST(ConfigFile, MissingFileIsAnError) {
+  try {
+    load_config_file("/nonexistent/x.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/x.yaml"), std::string::npos);
+  }
+}
+
+TEST(ConfigRoundTrip, WrittenYamlLoadsBackIdentically) {
+  for (const char* name : {"moe.yaml", "dense.yaml", "minimind-3-moe.yaml"}) {
+    SCOPED_TRACE(name);
+    LoadedConfig c = load_config(shipped(name), {"data.val=with space: and \"quotes\""});
+    const std::string yaml = config_to_yaml(c.config);
+    Config back = load_config_string(yaml, "resolved.yaml");
+    validate_and_resolve(back);
+    EXPECT_EQ(config_to_yaml(back), yaml);
+    EXPECT_EQ(back.data.val, "with space: and \"quotes\"");
+    EXPECT_EQ(back.model.router_aux_loss_coef, c.config.model.router_aux_loss_coef);
+    EXPECT_EQ(back.train.eps, c.config.train.eps);
+    EXPECT_EQ(*back.model.intermediate_size, *c.config.model.intermediate_size);
+  }
+}

@@ -1,0 +1,228 @@
+// Model structure: parameter names and counts, init, forward contract, the router
+// gradient starvation of MiniMind issue #858, weights I/O errors, and the BLAS in use.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "minimind/config.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/model/weights_io.h"
+#include "minimind/util/blas_check.h"
+
+using namespace minimind;
+
+namespace {
+
+ModelConfig small(bool moe) {
+  // docs/minimind-spec.md: H 128, 2 layers, 4 heads, 2 kv heads, vocab 512.
+  Config cfg = load_config_string(
+      "model:\n  hidden_size: 128\n  num_hidden_layers: 2\n  num_attention_heads: 4\n"
+      "  num_key_value_heads: 2\n  vocab_size: 512\n  max_position_embeddings: 256\n"
+      "data:\n  max_seq_len: 256\n",
+      "small");
+  cfg.model.use_moe = moe;
+  validate_and_resolve(cfg);
+  return cfg.model;
+}
+
+ModelConfig shipped_model(const std::string& name) {
+  return load_config(std::string(MINIMIND_SOURCE_DIR) + "/configs/" + name, {}).config.model;
+}
+
+std::string temp_path(const std::string& name) {
+  return testing::TempDir() + "minimind_" + name;
+}
+
+}  // namespace
+
+TEST(ParamCount, SmallConfigsMatchSpec) {
+  MiniMindForCausalLM dense(small(false));
+  EXPECT_EQ(count_parameters(dense).total, 508672);
+  EXPECT_EQ(count_parameters(dense).active, 508672);
+  MiniMindForCausalLM moe(small(true));
+  EXPECT_EQ(count_parameters(moe).total, 1541888);
+  EXPECT_EQ(count_parameters(moe).active, 509696);
+}
+
+TEST(ParamCount, RealMiniMindSizes) {
+  // 63.91 M dense; 198.42 M total / 63.94 M active for the MoE (docs/minimind-spec.md).
+  {
+    MiniMindForCausalLM m(shipped_model("minimind-3.yaml"));
+    EXPECT_NEAR(count_parameters(m).total / 1e6, 63.91, 0.005);
+  }
+  {
+    MiniMindForCausalLM m(shipped_model("minimind-3-moe.yaml"));
+    ParamCount n = count_parameters(m);
+    EXPECT_NEAR(n.total / 1e6, 198.42, 0.005);
+    EXPECT_NEAR(n.active / 1e6, 63.94, 0.005);
+  }
+}
+
+TEST(ParamCount, TinyPresetsHaveEqualActiveParameters) {
+  MiniMindForCausalLM moe(shipped_model("moe.yaml"));
+  MiniMindForCausalLM dense(shipped_model("dense.yaml"));
+  const ModelConfig& c = moe->config();
+  // Only the routers (E x H per layer) differ.
+  EXPECT_EQ(count_parameters(moe).active - count_parameters(dense).active,
+            c.num_hidden_layers * c.num_experts * c.hidden_size);
+}
+
+TEST(StateDict, NamesAreMiniMinds) {
+  ModelConfig cfg = small(true);
+  cfg.num_hidden_layers = 2;
+  MiniMindForCausalLM moe(cfg);
+  NamedTensors sd = state_dict(moe);
+  EXPECT_EQ(sd.size(), 45u);
+  std::set<std::string> names;
+  for (const auto& [n, t] : sd) names.insert(n);
+  for (const char* n :
+       {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.k_norm.weight", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight", "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.experts.3.down_proj.weight", "model.norm.weight", "lm_head.weight"})
+    EXPECT_TRUE(names.count(n)) << n;
+  MiniMindForCausalLM dense(small(false));
+  NamedTensors dsd = state_dict(dense);
+  EXPECT_EQ(dsd.size(), 25u);
+  std::set<std::string> dnames;
+  for (const auto& [n, t] : dsd) dnames.insert(n);
+  EXPECT_TRUE(dnames.count("model.layers.1.mlp.up_proj.weight"));
+  // Tied: both names hold the same storage.
+  EXPECT_TRUE(dsd.back().second.is_same(dense->model->embed_tokens->weight));
+}
+
+TEST(Init, NormalWeightsAndUnitNorms) {
+  torch::manual_seed(0);
+  MiniMindForCausalLM m(small(true));
+  init_weights(m);
+  for (const auto& p : m->named_parameters()) {
+    if (p.key().find("norm") != std::string::npos) {
+      EXPECT_TRUE(torch::all(p.value() == 1).item<bool>()) << p.key();
+    } else if (p.value().numel() > 10000) {
+      EXPECT_NEAR(p.value().std().item<double>(), 0.02, 0.001) << p.key();
+      EXPECT_NEAR(p.value().mean().item<double>(), 0.0, 0.001) << p.key();
+    }
+  }
+}
+
+TEST(Forward, ShapesAuxAndCounts) {
+  torch::manual_seed(0);
+  ModelConfig cfg = small(true);
+  cfg.num_experts_per_tok = 2;
+  MiniMindForCausalLM m(cfg);
+  init_weights(m);
+  torch::Tensor ids = torch::randint(3, cfg.vocab_size, {2, 9}, torch::kLong);
+  m->train();
+  ForwardOutput out = m(ids, ids);
+  EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, 9, cfg.vocab_size}));
+  ASSERT_EQ(out.expert_counts.size(), 2u);
+  for (const auto& c : out.expert_counts) EXPECT_EQ(c.sum().item<int64_t>(), 2 * 9 * 2);
+  // Near-uniform routing at init: aux ~ k * coef per layer, summed over 2 layers.
+  EXPECT_NEAR(out.aux_loss.item<double>(), 2 * 2 * cfg.router_aux_loss_coef,
+              0.3 * 2 * 2 * cfg.router_aux_loss_coef);
+  EXPECT_NEAR(out.loss.item<double>(), std::log(cfg.vocab_size), 0.2);
+  m->eval();
+  torch::NoGradGuard no_grad;
+  ForwardOutput ev = m(ids);
+  EXPECT_EQ(ev.aux_loss.item<double>(), 0.0);
+  EXPECT_FALSE(ev.loss.defined());
+  EXPECT_TRUE(torch::allclose(ev.logits, out.logits.detach(), 0, 1e-5));
+}
+
+// MiniMind issue #858: top-1 + norm_topk_prob makes the routing weight exactly 1, so the
+// LM loss gives the router no gradient; without renormalisation or with k = 2 it does.
+TEST(RouterGradient, StarvedAtTop1WithRenormalisation) {
+  auto lm_grad_norm = [](int64_t k, bool norm) {
+    ModelConfig cfg = small(true);
+    cfg.num_experts_per_tok = k;
+    cfg.norm_topk_prob = norm;
+    torch::manual_seed(7);
+    MiniMindForCausalLM m(cfg);
+    init_weights(m);
+    m->train();
+    torch::Tensor ids = torch::randint(3, cfg.vocab_size, {4, 32}, torch::kLong);
+    m(ids, ids).loss.backward();  // the LM loss alone: no aux term
+    return m->named_parameters()["model.layers.0.mlp.gate.weight"].grad().norm().item<double>();
+  };
+  const double starved = lm_grad_norm(1, true);
+  const double no_renorm = lm_grad_norm(1, false);
+  const double top2 = lm_grad_norm(2, true);
+  std::printf("|dLM/d gate.weight|: top-1 renorm %.3g, top-1 no renorm %.3g, top-2 renorm %.3g\n",
+              starved, no_renorm, top2);
+  EXPECT_LT(starved, 1e-6);  // float rounding of w / w only
+  EXPECT_GT(no_renorm, 1e-3);
+  EXPECT_GT(top2, 1e-3);
+  EXPECT_GT(no_renorm, 1e4 * starved);
+}
+
+TEST(WeightsIO, SaveLoadRoundTripIsExact) {
+  torch::manual_seed(1);
+  MiniMindForCausalLM a(small(true));
+  init_weights(a);
+  const std::string path = temp_path("roundtrip.pth");
+  save_weights(a, path);
+  torch::manual_seed(2);
+  MiniMindForCausalLM b(small(true));
+  init_weights(b);
+  load_weights(b, path);
+  auto pb = b->named_parameters();
+  for (const auto& p : a->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+  // No temporary file is left behind.
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
+}
+
+TEST(WeightsIO, MismatchedConfigListsMismatches) {
+  MiniMindForCausalLM moe(small(true));
+  const std::string path = temp_path("moe.pth");
+  save_weights(moe, path);
+  ModelConfig other = small(false);
+  other.hidden_size = 64;
+  MiniMindForCausalLM dense(other);
+  try {
+    load_weights(dense, path);
+    FAIL() << "no error";
+  } catch (const WeightsError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("do not match the model config"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("shape of model.embed_tokens.weight: file [512, 128], model [512, 64]"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("missing model.layers.0.mlp.up_proj.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
+  }
+}
+
+TEST(WeightsIO, MissingOrCorruptFilesAreClearErrors) {
+  MiniMindForCausalLM m(small(false));
+  EXPECT_THROW(load_weights(m, "/nonexistent/w.pth"), WeightsError);
+  const std::string path = temp_path("corrupt.pth");
+  save_weights(m, path);
+  {
+    // Truncate the file to half its size.
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), bytes.size() / 2);
+  }
+  try {
+    load_weights(m, path);
+    FAIL() << "no error";
+  } catch (const WeightsError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt or truncated"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "not a checkpoint";
+  }
+  EXPECT_THROW(load_weights(m, path), WeightsError);
+}
+
+TEST(Blas, OptimisedBlasIsLoaded) {
+  // Debian's reference libblas.so.3 makes matmul ~20x slower; scripts/install-deps.sh
+  // installs OpenBLAS, which the alternatives system then puts behind libblas.so.3.
+  const std::string lib = loaded_blas_library();
+  EXPECT_NE(lib.find("openblas"), std::string::npos) << "libblas.so.3 resolves to " << lib;
+}
