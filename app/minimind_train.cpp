@@ -1,6 +1,6 @@
 // minimind-train: reads a YAML config and trains a MiniMind model.
-// (The trainer proper arrives with the data and trainer work; for now this builds the
-// model from the config and runs a short forward/backward check on random tokens.)
+// (The trainer loop proper arrives with the trainer work; for now this prepares the data,
+// builds the model from the config and runs a few optimizer steps on real batches.)
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -8,14 +8,21 @@
 #include <chrono>
 
 #include "minimind/config.h"
+#include "minimind/data/batcher.h"
+#include "minimind/data/prepare.h"
+#include "minimind/data/tokenizer.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/optim.h"
 #include "minimind/util/blas_check.h"
 
 namespace {
 
-int run(const minimind::Config& cfg, int steps) {
+int run(const minimind::Config& cfg, int steps, bool prepare_only) {
   using namespace minimind;
+  const int threads = cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads) : torch::get_num_threads();
+  PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, threads);
+  if (prepare_only) return 0;
+
   BlasReport blas = check_blas();
   if (!blas.ok) {
     spdlog::warn("!!! matmul runs at {:.1f} GFLOP/s (BLAS: {}); expected > {:.0f}. Install an "
@@ -37,14 +44,17 @@ int run(const minimind::Config& cfg, int steps) {
                                  : std::string("dense"),
                n.total / 1e6, n.active / 1e6);
 
+  TokenFile train_tokens = TokenFile::open(data.train_path);
+  BatchSampler sampler(train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
+                       static_cast<uint64_t>(cfg.run.seed));
   auto optimizer = make_optimizer(model->parameters(), cfg.train);
-  const int64_t B = cfg.train.batch_size, T = cfg.data.max_seq_len;
-  spdlog::info("demo: {} steps on random tokens, batch {} x {}", steps, B, T);
+  spdlog::info("demo: {} optimizer steps on {} batches of {} rows", steps, cfg.data.mode,
+               cfg.train.batch_size);
   model->train();
   for (int step = 1; step <= steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
-    ForwardOutput out = model(ids, ids);
+    Batch batch = sampler.next();
+    ForwardOutput out = model(batch.input_ids, batch.labels);
     torch::Tensor loss = out.loss + out.aux_loss;
     optimizer->zero_grad();
     loss.backward();
@@ -58,7 +68,7 @@ int run(const minimind::Config& cfg, int steps) {
                                                       out.expert_counts[l].numel(), "/"));
     spdlog::info("step {}/{} loss {:.4f} (lm {:.4f} aux {:.5f}) grad_norm {:.3f} {:.0f} tok/s{}",
                  step, steps, loss.item<double>(), out.loss.item<double>(),
-                 out.aux_loss.item<double>(), norm, B * T / secs,
+                 out.aux_loss.item<double>(), norm, batch.input_ids.numel() / secs,
                  load.empty() ? "" : " expert load" + load);
   }
   return 0;
@@ -79,6 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads (default: run.threads, 0 = all cores)");
   app.add_option("--demo-steps", demo_steps, "forward/backward steps of the demo")->check(CLI::PositiveNumber);
   app.add_flag("--print-config", "print the resolved config as YAML and exit");
+  app.add_flag("--prepare-only", "prepare tokenizer and token files (cached), then exit");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -90,8 +101,14 @@ int main(int argc, char** argv) {
     }
     int64_t n_threads = threads >= 0 ? threads : loaded.config.run.threads;
     if (n_threads > 0) torch::set_num_threads(static_cast<int>(n_threads));
-    return run(loaded.config, demo_steps);
+    return run(loaded.config, demo_steps, app.count("--prepare-only") > 0);
   } catch (const minimind::ConfigError& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const minimind::DataError& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  } catch (const minimind::TokenizerError& e) {
     spdlog::error("{}", e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -165,6 +165,12 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
   expect_error("model:\n  router_aux_loss_coef: -1\n", {"model.router_aux_loss_coef", ">= 0"});
   expect_error("data:\n  mode: stream\n", {"data.mode", "line 2", "pack"});
   expect_error("data:\n  max_seq_len: 70000\n", {"data.max_seq_len", "max_position_embeddings"});
+  // pack rows are max_seq_len + 1 long; pad rows max_seq_len.
+  expect_error("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n",
+               {"data.max_seq_len", "line 4", "pack mode needs max_seq_len + 1"});
+  EXPECT_EQ(error_of("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n  mode: pad\n"), "");
+  expect_error("data:\n  strict: maybe\n", {"data.strict", "true or false"});
+  expect_error("data:\n  cache_dir: ''\n", {"data.cache_dir", "directory"});
   expect_error("train:\n  learning_rate: 0\n", {"train.learning_rate", "> 0"});
   expect_error("train:\n  max_steps: 10\n  warmup_steps: 10\n", {"train.warmup_steps", "less than"});
   expect_error("run:\n  name: a/b\n", {"run.name", "slashes"});

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -21,7 +23,7 @@ ModelConfig small(bool moe) {
   Config cfg = load_config_string(
       "model:\n  hidden_size: 128\n  num_hidden_layers: 2\n  num_attention_heads: 4\n"
       "  num_key_value_heads: 2\n  vocab_size: 512\n  max_position_embeddings: 256\n"
-      "data:\n  max_seq_len: 256\n",
+      "data:\n  max_seq_len: 128\n",
       "small");
   cfg.model.use_moe = moe;
   validate_and_resolve(cfg);
@@ -33,7 +35,7 @@ ModelConfig shipped_model(const std::string& name) {
 }
 
 std::string temp_path(const std::string& name) {
-  return testing::TempDir() + "minimind_" + name;
+  return testing::TempDir() + "minimind_" + std::to_string(::getpid()) + "_" + name;
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -189,7 +191,8 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
     model->eval();
     torch::NoGradGuard no_grad;
     const double loss = model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor()).loss.item<double>();
-    const std::string path = testing::TempDir() + "cpp_" + name + ".pth";
+    const std::string path =
+        testing::TempDir() + "cpp_" + std::to_string(::getpid()) + "_" + name + ".pth";
     save_weights(model, path);
     const std::string cmd = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR +
                             "/tests/reference/check_weights.py " + fixtures_dir() + "/" + name +

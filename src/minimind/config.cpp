@@ -51,6 +51,8 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(data, tokenizer),
       MM_FIELD(data, max_seq_len),
       MM_FIELD(data, mode),
+      MM_FIELD(data, cache_dir),
+      MM_FIELD(data, strict),
       MM_FIELD(train, batch_size),
       MM_FIELD(train, accumulation_steps),
       MM_FIELD(train, max_steps),
@@ -168,6 +170,11 @@ void validate_data(const Checker& c, const Config& cfg) {
                                    std::to_string(cfg.model.max_position_embeddings) + ")");
   if (d.mode != "pack" && d.mode != "pad")
     c.fail("data.mode", "must be \"pack\" or \"pad\", got \"" + d.mode + "\"");
+  // pack rows hold max_seq_len + 1 tokens (max_seq_len predictions).
+  if (d.mode == "pack" && d.max_seq_len + 1 > cfg.model.max_position_embeddings)
+    c.fail("data.max_seq_len", "pack mode needs max_seq_len + 1 <= model.max_position_embeddings (" +
+                                   std::to_string(cfg.model.max_position_embeddings) + ")");
+  if (d.cache_dir.empty()) c.fail("data.cache_dir", "must name a directory");
 }
 
 void validate_train(const Checker& c, const TrainConfig& t) {

@@ -55,6 +55,8 @@ struct DataConfig {
   std::string tokenizer;       // empty: train a sentencepiece model from `train`
   int64_t max_seq_len = 340;   // MiniMind's pretraining default
   std::string mode = "pack";   // pack | pad
+  std::string cache_dir = "cache";  // prepared tokenizers and token files
+  bool strict = false;         // bad corpus lines are errors instead of skipped records
 };
 
 // Defaults are MiniMind's train_pretrain.py (AdamW with torch defaults, clip 1.0).

@@ -81,7 +81,7 @@ def run_case(name, keys, mode, special, out_dir):
         torch.save({k: v.half() for k, v in weights.items()},
                    os.path.join(out_dir, "dense.weights.fp16.pth"))
 
-    fixture = {"config_yaml": yaml.safe_dump({"model": keys, "data": {"max_seq_len": 64}}),
+    fixture = {"config_yaml": yaml.safe_dump({"model": keys, "data": {"max_seq_len": 32}}),
                "mode": mode,
                "input_ids": ids, "labels": labels}
     model.train(mode == "train")

@@ -1,0 +1,87 @@
+#include "minimind/data/batcher.h"
+
+#include "minimind/data/tokenizer.h"
+
+namespace minimind {
+
+BatchSampler::BatchSampler(const TokenFile& tokens, std::string mode, int64_t batch_size,
+                           int64_t max_seq_len, uint64_t seed, int64_t rank, int64_t world_size)
+    : tokens_(tokens),
+      mode_(std::move(mode)),
+      batch_size_(batch_size),
+      max_seq_len_(max_seq_len),
+      seed_(seed),
+      rank_(rank),
+      world_size_(world_size) {
+  if (mode_ == "pack") {
+    if (tokens_.num_tokens() < static_cast<uint64_t>(max_seq_len_ + 1))
+      throw DataError("corpus '" + tokens_.path() + "' is too small for one batch: " +
+                      std::to_string(tokens_.num_tokens()) + " tokens, a row needs " +
+                      std::to_string(max_seq_len_ + 1) + " (data.max_seq_len + 1); use more "
+                      "text or a smaller data.max_seq_len");
+  } else if (mode_ == "pad") {
+    if (tokens_.num_docs() < static_cast<uint64_t>(batch_size_))
+      throw DataError("corpus '" + tokens_.path() + "' is too small for one batch: " +
+                      std::to_string(tokens_.num_docs()) + " documents, train.batch_size is " +
+                      std::to_string(batch_size_));
+  } else {
+    throw DataError("unknown data.mode '" + mode_ + "'");
+  }
+}
+
+Batch BatchSampler::batch(int64_t index) const {
+  const int64_t global = index * world_size_ + rank_;
+  return mode_ == "pack" ? pack_batch(global) : pad_batch(global);
+}
+
+Batch BatchSampler::pack_batch(int64_t global_batch) const {
+  const int64_t L = max_seq_len_ + 1;
+  const uint64_t starts = tokens_.num_tokens() - static_cast<uint64_t>(L) + 1;
+  torch::Tensor ids = torch::empty({batch_size_, L}, torch::kLong);  // [B, T + 1]
+  int64_t* out = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < batch_size_; ++r) {
+    const uint64_t row = static_cast<uint64_t>(global_batch * batch_size_ + r);
+    const uint64_t start = mix64(seed_ ^ mix64(row)) % starts;
+    tokens_.copy(start, static_cast<uint64_t>(L), out + r * L);
+  }
+  return {ids, ids.clone()};
+}
+
+const std::vector<uint32_t>& BatchSampler::epoch_order(int64_t epoch) const {
+  auto it = orders_.find(epoch);
+  if (it != orders_.end()) return it->second;
+  if (orders_.size() > 2) orders_.erase(orders_.begin());  // only recent epochs are needed
+  // Fisher-Yates with mix64: the same order on every platform.
+  std::vector<uint32_t> order(tokens_.num_docs());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  uint64_t state = mix64(seed_ ^ mix64(static_cast<uint64_t>(epoch) + 0x5eed));
+  for (size_t i = order.size(); i > 1; --i) {
+    state = mix64(state);
+    std::swap(order[i - 1], order[state % i]);
+  }
+  return orders_.emplace(epoch, std::move(order)).first->second;
+}
+
+Batch BatchSampler::pad_batch(int64_t global_batch) const {
+  const int64_t L = max_seq_len_;
+  torch::Tensor ids = torch::full({batch_size_, L}, kPadId, torch::kLong);  // [B, T]
+  torch::Tensor labels = torch::full({batch_size_, L}, -100, torch::kLong);
+  int64_t* pid = ids.data_ptr<int64_t>();
+  int64_t* plab = labels.data_ptr<int64_t>();
+  const uint64_t D = tokens_.num_docs();
+  for (int64_t r = 0; r < batch_size_; ++r) {
+    const uint64_t row = static_cast<uint64_t>(global_batch * batch_size_ + r);
+    const uint64_t doc = epoch_order(static_cast<int64_t>(row / D))[row % D];
+    // Stored documents are [bos] body [eos]; keep bos + body[:L - 2] + eos.
+    const uint64_t body = tokens_.doc_length(doc) - 2;
+    const uint64_t keep = std::min<uint64_t>(body, static_cast<uint64_t>(L - 2));
+    int64_t* row_ids = pid + r * L;
+    row_ids[0] = kBosId;
+    tokens_.copy(tokens_.doc_start(doc) + 1, keep, row_ids + 1);
+    row_ids[keep + 1] = kEosId;
+    std::copy(row_ids, row_ids + keep + 2, plab + r * L);  // labels: ids, -100 on padding
+  }
+  return {ids, labels};
+}
+
+}  // namespace minimind

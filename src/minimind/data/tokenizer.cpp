@@ -1,0 +1,184 @@
+#include "minimind/data/tokenizer.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "minimind/data/spm_shim.h"
+
+namespace minimind {
+namespace {
+
+// The functions of libminimind_spm.so, loaded once per process (see spm_shim.h).
+struct SpmApi {
+  decltype(&mm_spm_train) train;
+  decltype(&mm_spm_load) load;
+  decltype(&mm_spm_unload) unload;
+  decltype(&mm_spm_vocab_size) vocab_size;
+  decltype(&mm_spm_id_to_piece) id_to_piece;
+  decltype(&mm_spm_encode) encode;
+  decltype(&mm_spm_decode) decode;
+  decltype(&mm_spm_free) free;
+};
+
+std::string exe_dir() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+const SpmApi& spm() {
+  static const SpmApi api = [] {
+    // Where the library may be: $MINIMIND_SPM_LIB, beside the program, an install's
+    // lib/ directory, or the build tree this binary came from.
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("MINIMIND_SPM_LIB")) candidates.push_back(env);
+    candidates.push_back(exe_dir() + "/libminimind_spm.so");
+    candidates.push_back(exe_dir() + "/../lib/libminimind_spm.so");
+    candidates.push_back(MINIMIND_SPM_BUILD_PATH);
+    void* lib = nullptr;
+    std::string errors;
+    for (const auto& c : candidates) {
+      lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      if (lib) break;
+      errors += "\n  " + std::string(dlerror());
+    }
+    if (!lib)
+      throw TokenizerError("cannot load libminimind_spm.so (the sentencepiece wrapper):" + errors +
+                           "\nhint: rebuild with scripts/build.sh or set MINIMIND_SPM_LIB");
+    auto sym = [&](const char* name) {
+      void* p = dlsym(lib, name);
+      if (!p) throw TokenizerError(std::string("libminimind_spm.so lacks ") + name);
+      return p;
+    };
+    SpmApi a;
+    a.train = reinterpret_cast<decltype(a.train)>(sym("mm_spm_train"));
+    a.load = reinterpret_cast<decltype(a.load)>(sym("mm_spm_load"));
+    a.unload = reinterpret_cast<decltype(a.unload)>(sym("mm_spm_unload"));
+    a.vocab_size = reinterpret_cast<decltype(a.vocab_size)>(sym("mm_spm_vocab_size"));
+    a.id_to_piece = reinterpret_cast<decltype(a.id_to_piece)>(sym("mm_spm_id_to_piece"));
+    a.encode = reinterpret_cast<decltype(a.encode)>(sym("mm_spm_encode"));
+    a.decode = reinterpret_cast<decltype(a.decode)>(sym("mm_spm_decode"));
+    a.free = reinterpret_cast<decltype(a.free)>(sym("mm_spm_free"));
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
+struct Tokenizer::Handle {
+  void* spm = nullptr;
+  ~Handle() {
+    if (spm) minimind::spm().unload(spm);
+  }
+};
+
+Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& source) {
+  Tokenizer t;
+  t.handle_ = std::make_shared<Handle>();
+  char err[1024];
+  if (spm().load(model_bytes.data(), model_bytes.size(), &t.handle_->spm, err, sizeof(err)) != 0)
+    throw TokenizerError("'" + source + "' is not a sentencepiece model: " + err);
+  t.bytes_ = std::move(model_bytes);
+  return t;
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return from_bytes(std::move(bytes), path);
+}
+
+std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t vocab_size,
+                             int num_threads) {
+  // The trainer reads sentences without newlines; each line of a record is a sentence.
+  std::vector<const char*> ptrs;
+  std::vector<size_t> lens;
+  for (std::string_view text : texts) {
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string_view::npos) end = text.size();
+      if (end > start) {
+        ptrs.push_back(text.data() + start);
+        lens.push_back(end - start);
+      }
+      start = end + 1;
+    }
+  }
+  // Everything that decides how text becomes ids is stored in the model itself:
+  const std::vector<std::pair<std::string, std::string>> options = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(vocab_size)},
+      // MiniMind's ids: 0 pad <|endoftext|>, 1 bos <|im_start|>, 2 eos <|im_end|>.
+      {"pad_id", "0"}, {"pad_piece", "<|endoftext|>"},
+      {"bos_id", "1"}, {"bos_piece", "<|im_start|>"},
+      {"eos_id", "2"}, {"eos_piece", "<|im_end|>"},
+      {"unk_id", "3"}, {"unk_piece", "<unk>"},
+      // Any UTF-8 text round-trips: characters outside the vocabulary become bytes.
+      {"byte_fallback", "true"},
+      // Newline is one piece of its own (like MiniMind's byte-level BPE keeps "\n"); no
+      // normalisation, no whitespace folding, no dummy prefix: decode(encode(s)) == s.
+      {"user_defined_symbols", "\n"},
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"add_dummy_prefix", "false"},
+      {"allow_whitespace_only_pieces", "true"},
+      {"split_digits", "false"},
+      {"character_coverage", "0.9995"},
+      {"max_sentence_length", "65536"},
+      {"num_threads", std::to_string(std::max(1, num_threads))},
+      {"minloglevel", "2"},
+  };
+  std::vector<const char*> keys, values;
+  for (const auto& [k, v] : options) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  char* model = nullptr;
+  size_t model_len = 0;
+  char err[2048];
+  if (spm().train(ptrs.data(), lens.data(), ptrs.size(), keys.data(), values.data(), keys.size(),
+                  &model, &model_len, err, sizeof(err)) != 0)
+    throw TokenizerError(std::string("tokenizer training failed: ") + err);
+  std::string out(model, model_len);
+  spm().free(model);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  int32_t* ids = nullptr;
+  size_t n = 0;
+  char err[1024];
+  if (spm().encode(handle_->spm, text.data(), text.size(), &ids, &n, err, sizeof(err)) != 0)
+    throw TokenizerError(std::string("encode failed: ") + err);
+  std::vector<int32_t> out(ids, ids + n);
+  spm().free(ids);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  char* text = nullptr;
+  size_t n = 0;
+  char err[1024];
+  if (spm().decode(handle_->spm, ids.data(), ids.size(), &text, &n, err, sizeof(err)) != 0)
+    throw TokenizerError(std::string("decode failed: ") + err);
+  std::string out(text, n);
+  spm().free(text);
+  return out;
+}
+
+std::string Tokenizer::piece(int32_t id) const { return spm().id_to_piece(handle_->spm, id); }
+
+int32_t Tokenizer::vocab_size() const { return spm().vocab_size(handle_->spm); }
+
+}  // namespace minimind

@@ -1,0 +1,16 @@
+// splitmix64's finaliser: the deterministic mixing behind data splits and sampling, so
+// the same seed gives the same data order on every platform and standard library.
+#pragma once
+
+#include <cstdint>
+
+namespace minimind {
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace minimind

@@ -1,0 +1,444 @@
+// Data: JSONL reading and bad input, the sentencepiece tokenizer (round trip, determinism,
+// Python parity), token files (format errors), preparation cache, and batching.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "minimind/config.h"
+#include "minimind/data/batcher.h"
+#include "minimind/data/jsonl.h"
+#include "minimind/data/prepare.h"
+#include "minimind/data/token_file.h"
+#include "minimind/data/tokenizer.h"
+
+using namespace minimind;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  // Per process: CTest runs the tests of this file in parallel processes.
+  fs::path p = fs::path(testing::TempDir()) /
+               ("minimind_data_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string jsonl_line(const std::string& text) { return nlohmann::json{{"text", text}}.dump() + "\n"; }
+
+// The first n records of the shipped corpus, plus some Chinese and emoji text.
+std::string sample_corpus(int n) {
+  std::ifstream in(std::string(MINIMIND_SOURCE_DIR) + "/data/austen.jsonl");
+  std::string out, line;
+  for (int i = 0; i < n && std::getline(in, line); ++i) out += line + "\n";
+  for (int i = 0; i < 20; ++i) {
+    out += jsonl_line("她说：“今天天气很好，我们去公园散步吧。”他笑了。第" + std::to_string(i) + "章\n新的一天。");
+    out += jsonl_line("Emoji line 🙂🚀 with tabs\tand  double  spaces " + std::to_string(i));
+  }
+  return out;
+}
+
+std::vector<std::string> texts_of(const std::string& path) {
+  std::vector<std::string> texts;
+  read_corpus(path, {}, [&](std::string_view t, int64_t) { texts.emplace_back(t); });
+  return texts;
+}
+
+// One tokenizer for the suite (training takes ~0.5 s).
+class TokenizerTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(temp_dir("tok"));
+    write_text(*dir_ + "/corpus.jsonl", sample_corpus(300));
+    texts_ = new std::vector<std::string>(texts_of(*dir_ + "/corpus.jsonl"));
+    std::vector<std::string_view> views(texts_->begin(), texts_->end());
+    bytes_ = new std::string(Tokenizer::train(views, 1000, 2));
+    write_text(*dir_ + "/tok.model", *bytes_);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete texts_;
+    delete bytes_;
+  }
+  static std::string* dir_;
+  static std::vector<std::string>* texts_;
+  static std::string* bytes_;
+};
+std::string* TokenizerTest::dir_ = nullptr;
+std::vector<std::string>* TokenizerTest::texts_ = nullptr;
+std::string* TokenizerTest::bytes_ = nullptr;
+
+const std::vector<std::string> kRoundTripTexts = {
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "Line one\nLine two\n\nafter a blank line\n",
+    "  leading and trailing spaces  ",
+    "multiple   spaces\tand\ttabs",
+    "中文文本：你好，世界！机器学习。",
+    "emoji 🙂🚀👩‍👩‍👧 and ünïcödé",
+    "mixed: Emma 爱 🙂\r\nwindows newline",
+    "\n",
+    "x",
+};
+
+}  // namespace
+
+TEST(Jsonl, ValidUtf8Check) {
+  EXPECT_TRUE(is_valid_utf8("plain ascii"));
+  EXPECT_TRUE(is_valid_utf8("中文 🙂"));
+  EXPECT_FALSE(is_valid_utf8("\xff"));
+  EXPECT_FALSE(is_valid_utf8("abc\xe4\xb8"));        // truncated
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));           // overlong '/'
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));       // UTF-16 surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));   // > U+10FFFF
+}
+
+TEST(Jsonl, BadLinesAreSkippedAndCounted) {
+  const std::string dir = temp_dir("bad");
+  const std::string path = dir + "/bad.jsonl";
+  write_text(path, jsonl_line("good one") +               // 1
+                       "{\"text\": \"unterminated\n" +      // 2 invalid JSON
+                       "{\"txt\": \"wrong key\"}\n" +       // 3 no text
+                       "{\"text\": 42}\n" +                 // 4 text not a string
+                       "[\"text\"]\n" +                     // 5 not an object
+                       "{\"text\": \"\"}\n" +               // 6 empty text
+                       "\n" +                               // 7 blank line
+                       "{\"text\": \"bad \xff byte\"}\n" +  // 8 invalid UTF-8
+                       jsonl_line("good two"));             // 9
+  std::vector<std::pair<std::string, int64_t>> got;
+  CorpusStats stats = read_corpus(path, {}, [&](std::string_view t, int64_t line) {
+    got.emplace_back(std::string(t), line);
+  });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], std::make_pair(std::string("good one"), int64_t{1}));
+  EXPECT_EQ(got[1], std::make_pair(std::string("good two"), int64_t{9}));
+  EXPECT_EQ(stats.lines, 9);
+  EXPECT_EQ(stats.skipped, 7);
+  EXPECT_EQ(stats.skipped_by_reason["invalid JSON"], 1);
+  EXPECT_EQ(stats.skipped_by_reason["no string \"text\" field"], 3);
+  EXPECT_EQ(stats.skipped_by_reason["empty text"], 1);
+  EXPECT_EQ(stats.skipped_by_reason["blank line"], 1);
+  EXPECT_EQ(stats.skipped_by_reason["invalid UTF-8"], 1);
+  EXPECT_NE(stats.summary(path).find("7 skipped"), std::string::npos);
+}
+
+TEST(Jsonl, StrictModeNamesFileAndLine) {
+  const std::string path = temp_dir("strict") + "/c.jsonl";
+  write_text(path, jsonl_line("ok") + jsonl_line("ok") + "{broken\n");
+  try {
+    read_corpus(path, {true, 20}, [](std::string_view, int64_t) {});
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":3: invalid JSON"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Jsonl, MissingAndEmptyCorporaAreErrors) {
+  const std::string dir = temp_dir("empty");
+  EXPECT_THROW(read_corpus(dir + "/nope.jsonl", {}, [](std::string_view, int64_t) {}), DataError);
+  write_text(dir + "/empty.jsonl", "");
+  try {
+    read_corpus(dir + "/empty.jsonl", {}, [](std::string_view, int64_t) {});
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("no usable records"), std::string::npos);
+  }
+}
+
+TEST_F(TokenizerTest, SpecialIdsAreMiniMinds) {
+  Tokenizer tok = Tokenizer::from_bytes(*bytes_, "test");
+  EXPECT_EQ(tok.vocab_size(), 1000);
+  EXPECT_EQ(tok.piece(kPadId), "<|endoftext|>");
+  EXPECT_EQ(tok.piece(kBosId), "<|im_start|>");
+  EXPECT_EQ(tok.piece(kEosId), "<|im_end|>");
+}
+
+TEST_F(TokenizerTest, RoundTripIsLossless) {
+  Tokenizer tok = Tokenizer::from_file(*dir_ + "/tok.model");
+  for (const auto& text : kRoundTripTexts) EXPECT_EQ(tok.decode(tok.encode(text)), text) << text;
+  for (size_t i = 0; i < texts_->size(); i += 7) EXPECT_EQ(tok.decode(tok.encode((*texts_)[i])), (*texts_)[i]);
+}
+
+TEST_F(TokenizerTest, NewlineIsItsOwnPiece) {
+  Tokenizer tok = Tokenizer::from_bytes(*bytes_, "test");
+  std::vector<int32_t> nl = tok.encode("\n");
+  ASSERT_EQ(nl.size(), 1u);
+  EXPECT_EQ(tok.piece(nl[0]), "\n");
+  std::vector<int32_t> ids = tok.encode("Emma.\nHarriet.");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), nl[0]), 1);
+}
+
+TEST_F(TokenizerTest, TrainingIsDeterministic) {
+  std::vector<std::string_view> views(texts_->begin(), texts_->end());
+  EXPECT_EQ(Tokenizer::train(views, 1000, 2), *bytes_);
+}
+
+TEST_F(TokenizerTest, PythonSentencepieceReproducesIds) {
+  Tokenizer tok = Tokenizer::from_bytes(*bytes_, "test");
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::string> texts = kRoundTripTexts;
+  for (size_t i = 0; i < texts_->size(); i += 3) texts.push_back((*texts_)[i]);
+  for (const auto& t : texts) cases.push_back({{"text", t}, {"ids", tok.encode(t)}});
+  write_text(*dir_ + "/cases.json", cases.dump());
+  const std::string cmd = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR +
+                          "/tests/reference/check_tokenizer.py " + *dir_ + "/tok.model " + *dir_ +
+                          "/cases.json";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+TEST(Tokenizer, BadModelFileIsAnError) {
+  const std::string dir = temp_dir("badtok");
+  write_text(dir + "/bad.model", "not a model");
+  EXPECT_THROW(Tokenizer::from_file(dir + "/bad.model"), TokenizerError);
+  EXPECT_THROW(Tokenizer::from_file(dir + "/missing.model"), TokenizerError);
+}
+
+// ---- Token files
+
+namespace {
+std::string make_token_file(const std::string& path, const std::vector<std::vector<int32_t>>& docs,
+                            uint32_t vocab = 100) {
+  TokenFileWriter w(path, vocab, {1, 2});
+  for (const auto& d : docs) w.add_document(d);
+  w.finish();
+  return path;
+}
+
+void corrupt(const std::string& path, size_t offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string open_error(const std::string& path) {
+  try {
+    TokenFile::open(path);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(TokenFileFormat, WriteAndReadBack) {
+  const std::string path = make_token_file(temp_dir("tf") + "/a.tok", {{1, 5, 6, 2}, {1, 99, 2}});
+  TokenFile f = TokenFile::open(path);
+  EXPECT_EQ(f.num_tokens(), 7u);
+  EXPECT_EQ(f.num_docs(), 2u);
+  EXPECT_EQ(f.vocab_size(), 100u);
+  EXPECT_EQ(f.doc_start(1), 4u);
+  EXPECT_EQ(f.doc_length(1), 3u);
+  EXPECT_EQ(f.token(5), 99);
+  EXPECT_EQ(f.source_key(), (SourceKey{1, 2}));
+  EXPECT_EQ(fs::file_size(path), 64u + 16u + 3 * 8u);  // header, 7 uint16 + pad, 3 offsets
+}
+
+TEST(TokenFileFormat, CorruptedFilesAreClearErrors) {
+  const std::string dir = temp_dir("tfbad");
+  const std::vector<std::vector<int32_t>> docs = {{1, 5, 6, 2}, {1, 7, 2}};
+  EXPECT_NE(open_error(dir + "/missing.tok").find("cannot open"), std::string::npos);
+
+  corrupt(make_token_file(dir + "/magic.tok", docs), 0, "XXXX");
+  EXPECT_NE(open_error(dir + "/magic.tok").find("bad magic"), std::string::npos);
+
+  corrupt(make_token_file(dir + "/version.tok", docs), 8, std::string("\x07\0\0\0", 4));
+  EXPECT_NE(open_error(dir + "/version.tok").find("format version 7"), std::string::npos);
+
+  make_token_file(dir + "/trunc.tok", docs);
+  fs::resize_file(dir + "/trunc.tok", fs::file_size(dir + "/trunc.tok") - 8);
+  EXPECT_NE(open_error(dir + "/trunc.tok").find("truncated"), std::string::npos);
+
+  corrupt(make_token_file(dir + "/token.tok", docs), 64 + 2, std::string("\xff\x00", 2));
+  EXPECT_NE(open_error(dir + "/token.tok").find(">= vocab size"), std::string::npos);
+
+  write_text(dir + "/short.tok", "MMTOK");
+  EXPECT_NE(open_error(dir + "/short.tok").find("truncated"), std::string::npos);
+  // Every message tells the user what to do.
+  EXPECT_NE(open_error(dir + "/magic.tok").find("re-prepare"), std::string::npos);
+}
+
+TEST(TokenFileFormat, UnfinishedWriterLeavesNothing) {
+  const std::string dir = temp_dir("tfabort");
+  {
+    TokenFileWriter w(dir + "/x.tok", 100, {0, 0});
+    w.add_document({1, 2});
+  }  // destroyed without finish(), as when tokenisation throws
+  EXPECT_FALSE(fs::exists(dir + "/x.tok"));
+  EXPECT_FALSE(fs::exists(dir + "/x.tok.tmp"));
+}
+
+// ---- Batching
+
+TEST(Batching, PadModeFollowsMiniMindsRule) {
+  // Stored documents are [bos] body [eos]; max_seq_len 6 keeps bos + body[:4] + eos.
+  const std::string path = make_token_file(temp_dir("pad") + "/p.tok",
+                                           {{1, 5, 6, 7, 2}, {1, 8, 2}, {1, 9, 10, 11, 12, 13, 14, 2}});
+  TokenFile f = TokenFile::open(path);
+  BatchSampler s(f, "pad", 3, 6, 42);
+  const std::vector<std::vector<int64_t>> rows = {
+      {1, 5, 6, 7, 2, 0}, {1, 8, 2, 0, 0, 0}, {1, 9, 10, 11, 12, 2}};
+  const std::vector<std::vector<int64_t>> labels = {
+      {1, 5, 6, 7, 2, -100}, {1, 8, 2, -100, -100, -100}, {1, 9, 10, 11, 12, 2}};
+  for (int64_t b = 0; b < 4; ++b) {  // every batch is one epoch: each document once
+    Batch batch = s.next();
+    ASSERT_EQ(batch.input_ids.sizes(), (std::vector<int64_t>{3, 6}));
+    std::set<size_t> seen;
+    for (int64_t r = 0; r < 3; ++r) {
+      auto row = std::vector<int64_t>(batch.input_ids[r].data_ptr<int64_t>(),
+                                      batch.input_ids[r].data_ptr<int64_t>() + 6);
+      auto lab = std::vector<int64_t>(batch.labels[r].data_ptr<int64_t>(),
+                                      batch.labels[r].data_ptr<int64_t>() + 6);
+      size_t k = std::find(rows.begin(), rows.end(), row) - rows.begin();
+      ASSERT_LT(k, rows.size()) << "unexpected row " << batch.input_ids[r];
+      EXPECT_EQ(lab, labels[k]);
+      seen.insert(k);
+    }
+    EXPECT_EQ(seen.size(), 3u);
+  }
+}
+
+TEST(Batching, PackModeRowsAreWindowsOfTheStream) {
+  std::vector<std::vector<int32_t>> docs;
+  for (int d = 0; d < 20; ++d) docs.push_back({1, 10 + d, 40 + d, 70 + d % 9, 2});
+  TokenFile f = TokenFile::open(make_token_file(temp_dir("pack") + "/k.tok", docs));
+  std::vector<int64_t> stream(f.num_tokens());
+  f.copy(0, f.num_tokens(), stream.data());
+  BatchSampler s(f, "pack", 4, 8, 7);
+  std::set<int64_t> starts;
+  for (int b = 0; b < 10; ++b) {
+    Batch batch = s.next();
+    ASSERT_EQ(batch.input_ids.sizes(), (std::vector<int64_t>{4, 9}));  // max_seq_len + 1
+    EXPECT_TRUE(torch::equal(batch.input_ids, batch.labels));
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t* row = batch.input_ids[r].data_ptr<int64_t>();
+      auto it = std::search(stream.begin(), stream.end(), row, row + 9);
+      ASSERT_NE(it, stream.end());
+      starts.insert(it - stream.begin());
+    }
+  }
+  EXPECT_GT(starts.size(), 20u);  // windows start all over the stream
+}
+
+TEST(Batching, DeterministicAndResumable) {
+  std::vector<std::vector<int32_t>> docs;
+  for (int d = 0; d < 50; ++d) docs.push_back({1, 3 + d % 90, 5 + d % 80, 2});
+  TokenFile f = TokenFile::open(make_token_file(temp_dir("resume") + "/r.tok", docs));
+  for (const char* mode : {"pack", "pad"}) {
+    SCOPED_TRACE(mode);
+    BatchSampler a(f, mode, 4, 6, 123), b(f, mode, 4, 6, 123), other(f, mode, 4, 6, 124);
+    std::vector<Batch> seq;
+    for (int i = 0; i < 30; ++i) seq.push_back(a.next());  // 30 * 4 rows > 2 epochs of 50 docs
+    for (int i = 0; i < 30; ++i) EXPECT_TRUE(torch::equal(b.next().input_ids, seq[i].input_ids));
+    // A resumed sampler continues with exactly the batches the first one drew.
+    BatchSampler resumed(f, mode, 4, 6, 123);
+    resumed.set_position(17);
+    for (int i = 17; i < 30; ++i) EXPECT_TRUE(torch::equal(resumed.next().input_ids, seq[i].input_ids));
+    EXPECT_FALSE(torch::equal(other.batch(0).input_ids, seq[0].input_ids));
+    // Rank r of 2 draws global batches 2i + r.
+    BatchSampler r0(f, mode, 4, 6, 123, 0, 2), r1(f, mode, 4, 6, 123, 1, 2);
+    EXPECT_TRUE(torch::equal(r0.batch(3).input_ids, seq[6].input_ids));
+    EXPECT_TRUE(torch::equal(r1.batch(3).input_ids, seq[7].input_ids));
+  }
+}
+
+TEST(Batching, TooSmallForOneBatchIsAnError) {
+  TokenFile f = TokenFile::open(make_token_file(temp_dir("small") + "/s.tok", {{1, 5, 2}, {1, 6, 2}}));
+  EXPECT_THROW(BatchSampler(f, "pack", 2, 6, 0), DataError);  // 6 tokens < 7
+  EXPECT_THROW(BatchSampler(f, "pad", 3, 6, 0), DataError);   // 2 docs < batch 3
+  EXPECT_NO_THROW(BatchSampler(f, "pack", 2, 5, 0));
+}
+
+// ---- Preparation and cache
+
+TEST(Prepare, ValidationMaskIsExactAndStable) {
+  std::vector<bool> m = validation_mask(4948, 0.02);
+  EXPECT_EQ(std::count(m.begin(), m.end(), true), 99);  // ceil(0.02 * 4948)
+  EXPECT_EQ(validation_mask(4948, 0.02), m);
+  EXPECT_EQ(std::count(m.begin(), m.begin() + 2474, true) > 20, true);  // spread out
+  std::vector<bool> none = validation_mask(100, 0.0);
+  EXPECT_EQ(std::count(none.begin(), none.end(), true), 0);
+}
+
+TEST(Prepare, CacheHitsOnSameContentAndMissesOnChange) {
+  const std::string dir = temp_dir("prep");
+  write_text(dir + "/a.jsonl", sample_corpus(200));
+  DataConfig d;
+  d.train = dir + "/a.jsonl";
+  d.cache_dir = dir + "/cache";
+  d.val_fraction = 0.05;
+  PreparedData first = prepare_data(d, 800, 2);
+  EXPECT_FALSE(first.tokenizer_cached);
+  EXPECT_FALSE(first.tokens_cached);
+  EXPECT_GT(first.train_tokens, 10000u);
+  EXPECT_EQ(first.val_docs, 12u);  // ceil(0.05 * 240 records)
+  const auto mtime = fs::last_write_time(first.train_path);
+
+  PreparedData second = prepare_data(d, 800, 2);
+  EXPECT_TRUE(second.tokenizer_cached);
+  EXPECT_TRUE(second.tokens_cached);
+  EXPECT_EQ(second.train_path, first.train_path);
+  EXPECT_EQ(fs::last_write_time(second.train_path), mtime);  // not rewritten
+
+  // The same bytes under another name: still a hit (the key is the content).
+  fs::copy_file(dir + "/a.jsonl", dir + "/copy.jsonl");
+  d.train = dir + "/copy.jsonl";
+  EXPECT_TRUE(prepare_data(d, 800, 2).tokens_cached);
+
+  // A changed corpus is prepared again, into new files.
+  write_text(dir + "/copy.jsonl", sample_corpus(200) + jsonl_line("one more record"));
+  PreparedData changed = prepare_data(d, 800, 2);
+  EXPECT_FALSE(changed.tokens_cached);
+  EXPECT_NE(changed.train_path, first.train_path);
+  EXPECT_EQ(changed.train_docs + changed.val_docs, first.train_docs + first.val_docs + 1);
+
+  // A damaged cached file is noticed and rebuilt.
+  fs::resize_file(first.train_path, 100);
+  d.train = dir + "/a.jsonl";
+  PreparedData rebuilt = prepare_data(d, 800, 2);
+  EXPECT_FALSE(rebuilt.tokens_cached);
+  EXPECT_EQ(TokenFile::open(rebuilt.train_path).num_tokens(), first.train_tokens);
+}
+
+TEST(Prepare, GivenTokenizerMustMatchVocabSize) {
+  const std::string dir = temp_dir("prepvocab");
+  write_text(dir + "/a.jsonl", sample_corpus(100));
+  DataConfig d;
+  d.train = dir + "/a.jsonl";
+  d.cache_dir = dir + "/cache";
+  PreparedData p = prepare_data(d, 700, 2);
+  d.tokenizer = p.tokenizer_path;
+  EXPECT_TRUE(prepare_data(d, 700, 2).tokenizer_cached);
+  try {
+    prepare_data(d, 6400, 2);
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("has 700 pieces but model.vocab_size is 6400"), std::string::npos)
+        << e.what();
+  }
+  d.tokenizer = dir + "/missing.model";
+  EXPECT_THROW(prepare_data(d, 700, 2), DataError);
+}
+
+TEST(Prepare, SeparateValidationFile) {
+  const std::string dir = temp_dir("prepval");
+  write_text(dir + "/train.jsonl", sample_corpus(120));
+  write_text(dir + "/val.jsonl", jsonl_line("Held-out text one.") + jsonl_line("And two."));
+  DataConfig d;
+  d.train = dir + "/train.jsonl";
+  d.val = dir + "/val.jsonl";
+  d.cache_dir = dir + "/cache";
+  PreparedData p = prepare_data(d, 600, 2);
+  EXPECT_EQ(p.val_docs, 2u);
+  EXPECT_EQ(p.train_docs, 160u);  // 120 + 40 extra records, none held out
+}
