@@ -67,6 +67,9 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, checkpoint_interval),
       MM_FIELD(train, keep_checkpoints),
       MM_FIELD(log, interval),
+      MM_FIELD(log, collapse_max_share),
+      MM_FIELD(log, collapse_dead_experts),
+      MM_FIELD(log, collapse_patience),
   };
   return fields;
 }
@@ -215,6 +218,9 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
   validate_data(c, cfg);
   validate_train(c, cfg.train);
   c.positive("log.interval", cfg.log.interval);
+  c.in_range("log.collapse_max_share", cfg.log.collapse_max_share, 0.0, 1.0, false);
+  c.positive("log.collapse_dead_experts", cfg.log.collapse_dead_experts);
+  c.positive("log.collapse_patience", cfg.log.collapse_patience);
 
   std::vector<std::string> warnings;
   const ModelConfig& m = cfg.model;

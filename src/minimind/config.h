@@ -78,6 +78,12 @@ struct TrainConfig {
 
 struct LogConfig {
   int64_t interval = 100;
+  // Collapse warning: a MoE layer whose top expert takes more than collapse_max_share of
+  // the tokens, or with at least collapse_dead_experts experts that got none, for
+  // collapse_patience consecutive log intervals.
+  double collapse_max_share = 0.9;
+  int64_t collapse_dead_experts = 1;
+  int64_t collapse_patience = 3;
 };
 
 struct Config {
@@ -122,6 +128,10 @@ std::string config_to_yaml(const Config& cfg);
 // ---- Validation (config.cpp).
 // Checks every value, fills derived sizes, returns warnings (e.g. MiniMind issue #858).
 std::vector<std::string> validate_and_resolve(Config& cfg);
+
+// "section.key: A -> B" for every key whose value differs (sections: all if empty).
+std::vector<std::string> config_differences(const Config& a, const Config& b,
+                                            const std::string& section = "");
 
 // The usual entry point: file, then overrides, then validation.
 struct LoadedConfig {

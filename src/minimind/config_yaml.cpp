@@ -187,6 +187,29 @@ void apply_override(Config& cfg, const std::string& assignment) {
   assign(cfg, *field, value, origin);
 }
 
+namespace {
+std::string value_text(Config& cfg, const Field& f) {
+  FieldRef ref = f.bind(cfg);
+  if (auto* p = std::get_if<int64_t*>(&ref)) return std::to_string(**p);
+  if (auto* p = std::get_if<std::optional<int64_t>*>(&ref)) return **p ? std::to_string(***p) : "null";
+  if (auto* p = std::get_if<double*>(&ref)) return fmt::format("{}", **p);
+  if (auto* p = std::get_if<bool*>(&ref)) return **p ? "true" : "false";
+  return "\"" + **std::get_if<std::string*>(&ref) + "\"";
+}
+}  // namespace
+
+std::vector<std::string> config_differences(const Config& a_in, const Config& b_in,
+                                            const std::string& section) {
+  Config a = a_in, b = b_in;
+  std::vector<std::string> out;
+  for (const auto& f : config_fields()) {
+    if (!section.empty() && section != f.section) continue;
+    const std::string va = value_text(a, f), vb = value_text(b, f);
+    if (va != vb) out.push_back(f.path() + ": " + va + " -> " + vb);
+  }
+  return out;
+}
+
 std::string config_to_yaml(const Config& cfg_in) {
   Config cfg = cfg_in;  // bind() needs a mutable Config; nothing is changed
   YAML::Emitter out;

@@ -124,7 +124,7 @@ class MOEFeedForward(nn.Module):
         self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
         self.experts = nn.ModuleList([FeedForward(c, c.moe_intermediate_size) for _ in range(c.num_experts)])
         self.aux_loss = None
-        self.counts = None
+        self.topk_idx = None
 
     def forward(self, x):
         b, t, h = x.shape
@@ -147,7 +147,7 @@ class MOEFeedForward(nn.Module):
             self.aux_loss = (load * scores.mean(0)).sum() * self.c.num_experts * self.c.router_aux_loss_coef
         else:
             self.aux_loss = scores.new_zeros(1).squeeze()
-        self.counts = torch.bincount(topk_idx.flatten(), minlength=self.c.num_experts)
+        self.topk_idx = topk_idx  # load counts are taken in MiniMindModel.forward
         return y.view(b, t, h)
 
 
@@ -181,7 +181,10 @@ class MiniMindModel(nn.Module):
             h = layer(h, self.freqs_cos, self.freqs_sin)
         moe = [l.mlp for l in self.layers if isinstance(l.mlp, MOEFeedForward)]
         aux = sum([m.aux_loss for m in moe], h.new_zeros(1).squeeze())
-        return self.norm(h), aux, [m.counts for m in moe]
+        # Expert load over the real tokens: padding (id 0) is routed but not counted.
+        real = (input_ids != 0).flatten()
+        counts = [torch.bincount(m.topk_idx[real].flatten(), minlength=len(m.experts)) for m in moe]
+        return self.norm(h), aux, counts
 
 
 class MiniMindForCausalLM(nn.Module):

@@ -62,24 +62,27 @@ const std::vector<uint32_t>& BatchSampler::epoch_order(int64_t epoch) const {
   return orders_.emplace(epoch, std::move(order)).first->second;
 }
 
+int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* ids, int64_t* labels) {
+  const uint64_t body = tokens.doc_length(doc) - 2;
+  const int64_t keep = static_cast<int64_t>(std::min<uint64_t>(body, static_cast<uint64_t>(L - 2)));
+  std::fill(ids, ids + L, kPadId);
+  std::fill(labels, labels + L, -100);
+  ids[0] = kBosId;
+  tokens.copy(tokens.doc_start(doc) + 1, static_cast<uint64_t>(keep), ids + 1);
+  ids[keep + 1] = kEosId;
+  std::copy(ids, ids + keep + 2, labels);
+  return keep + 2;
+}
+
 Batch BatchSampler::pad_batch(int64_t global_batch) const {
   const int64_t L = max_seq_len_;
-  torch::Tensor ids = torch::full({batch_size_, L}, kPadId, torch::kLong);  // [B, T]
-  torch::Tensor labels = torch::full({batch_size_, L}, -100, torch::kLong);
-  int64_t* pid = ids.data_ptr<int64_t>();
-  int64_t* plab = labels.data_ptr<int64_t>();
+  torch::Tensor ids = torch::empty({batch_size_, L}, torch::kLong);  // [B, T]
+  torch::Tensor labels = torch::empty({batch_size_, L}, torch::kLong);
   const uint64_t D = tokens_.num_docs();
   for (int64_t r = 0; r < batch_size_; ++r) {
     const uint64_t row = static_cast<uint64_t>(global_batch * batch_size_ + r);
     const uint64_t doc = epoch_order(static_cast<int64_t>(row / D))[row % D];
-    // Stored documents are [bos] body [eos]; keep bos + body[:L - 2] + eos.
-    const uint64_t body = tokens_.doc_length(doc) - 2;
-    const uint64_t keep = std::min<uint64_t>(body, static_cast<uint64_t>(L - 2));
-    int64_t* row_ids = pid + r * L;
-    row_ids[0] = kBosId;
-    tokens_.copy(tokens_.doc_start(doc) + 1, keep, row_ids + 1);
-    row_ids[keep + 1] = kEosId;
-    std::copy(row_ids, row_ids + keep + 2, plab + r * L);  // labels: ids, -100 on padding
+    fill_pad_row(tokens_, doc, L, ids.data_ptr<int64_t>() + r * L, labels.data_ptr<int64_t>() + r * L);
   }
   return {ids, labels};
 }

@@ -60,7 +60,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
                                    scores.options())
                            .triu(past + 1);
   scores = scores + mask;
-  torch::Tensor probs = torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type());
+  // Softmax in float32 as MiniMind (float64 models stay in float64).
+  const auto softmax_type = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+  torch::Tensor probs = torch::softmax(scores.to(softmax_type), -1).to(q.scalar_type());
   probs = torch::dropout(probs, dropout_, is_training());
 
   torch::Tensor out = torch::matmul(probs.view({B, kv_heads_, rep * T, S}),

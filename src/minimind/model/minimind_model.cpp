@@ -15,11 +15,11 @@ MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
 }
 
 BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
-                                       LayerKVCache* cache) {
+                                       LayerKVCache* cache, const torch::Tensor& real) {
   torch::Tensor h = x + self_attn(input_layernorm(x), rope, cache);  // [B, T, H]
   torch::Tensor normed = post_attention_layernorm(h);
   if (moe_mlp) {
-    MoEOutput moe = moe_mlp(normed);
+    MoEOutput moe = moe_mlp(normed, real);
     return {h + moe.y, moe.aux_loss, moe.counts};
   }
   return {h + dense_mlp(normed), {}, {}};
@@ -60,13 +60,20 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   if (cache) cache->resize(model->blocks.size());
 
   ForwardOutput out;
+  // Padding (id 0, never produced by the tokenizer for text) is left out of load counts.
+  torch::Tensor real;
+  if (cfg_.use_moe) {
+    torch::Tensor is_real = (input_ids != 0).reshape({-1});  // [B*T]
+    if (!is_real.all().item<bool>()) real = is_real;
+  }
   torch::Tensor h = torch::dropout(model->embed_tokens(input_ids), model->dropout,
                                    is_training());                    // [B, T, H]
   for (size_t i = 0; i < model->blocks.size(); ++i) {
-    BlockOutput b = model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr);
+    BlockOutput b = model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real);
     h = b.hidden;
     if (b.aux_loss.defined()) {
       out.aux_loss = out.aux_loss.defined() ? out.aux_loss + b.aux_loss : b.aux_loss;
+      out.layer_aux.push_back(b.aux_loss.detach());
       out.expert_counts.push_back(b.counts);
     }
   }

@@ -25,7 +25,9 @@ struct BlockOutput {
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
   explicit MiniMindBlockImpl(const ModelConfig& cfg);
-  BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache);
+  // real: [B*T] bool, false at padding (only used for the MoE load counts).
+  BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
+                      const torch::Tensor& real = {});
 
   Attention self_attn{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -54,7 +56,9 @@ struct ForwardOutput {
   torch::Tensor logits;    // [B, T, V]
   torch::Tensor loss;      // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
   torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
-  std::vector<torch::Tensor> expert_counts;  // per MoE layer: [E] int64 for this batch
+  std::vector<torch::Tensor> layer_aux;      // per MoE layer: [] its aux loss (detached)
+  // per MoE layer: [E] int64 assignments per expert over the non-padding tokens (id != 0)
+  std::vector<torch::Tensor> expert_counts;
 };
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {

@@ -16,7 +16,7 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const ModelConfig& cfg)
   }
 }
 
-MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x) {
+MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real) {
   const int64_t H = x.size(-1);
   torch::Tensor x_flat = x.reshape({-1, H});                      // [N, H]
   torch::Tensor scores = torch::softmax(gate(x_flat), -1);        // [N, E]
@@ -59,6 +59,10 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x) {
     aux = (load * scores.mean(0)).sum() * static_cast<double>(num_experts_) * aux_coef_;
   } else {
     aux = torch::zeros({}, scores.options());
+  }
+  if (real.defined()) {  // load statistics over real tokens only
+    torch::Tensor keep = real.unsqueeze(1).expand_as(index).reshape({-1});      // [N*k]
+    counts = torch::bincount(flat_index.masked_select(keep), {}, num_experts_);
   }
   return {y.view(x.sizes()), aux, counts};
 }

@@ -14,14 +14,16 @@ namespace minimind {
 struct MoEOutput {
   torch::Tensor y;         // [B, T, H]
   torch::Tensor aux_loss;  // [] scaled by router_aux_loss_coef; 0 in eval or with coef 0
-  torch::Tensor counts;    // [E] int64: (token, slot) assignments per expert in this batch
+  torch::Tensor counts;    // [E] int64: (token, slot) assignments per expert, real tokens only
 };
 
 class MOEFeedForwardImpl : public torch::nn::Module {
  public:
   explicit MOEFeedForwardImpl(const ModelConfig& cfg);
 
-  MoEOutput forward(const torch::Tensor& x);  // x: [B, T, H]
+  // x: [B, T, H]. real: [B*T] bool, false at padding positions, which are routed and
+  // computed like any token (as MiniMind does) but left out of `counts`; undefined = all real.
+  MoEOutput forward(const torch::Tensor& x, const torch::Tensor& real = {});
 
   torch::nn::Linear gate{nullptr};     // router, H -> E, no bias
   torch::nn::ModuleList experts{nullptr};

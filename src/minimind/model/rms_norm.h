@@ -1,5 +1,6 @@
 // RMSNorm as MiniMind computes it: in float32, w * (x * rsqrt(mean(x^2) + eps)),
-// cast back to the input dtype. Weight starts at ones.
+// cast back to the input dtype. Weight starts at ones. (A float64 model stays in float64:
+// "at least float32", used by the fp64 tests.)
 #pragma once
 
 #include <torch/torch.h>
@@ -13,7 +14,7 @@ class RMSNormImpl : public torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {  // [..., dim]
-    torch::Tensor xf = x.to(torch::kFloat32);
+    torch::Tensor xf = x.scalar_type() == torch::kDouble ? x : x.to(torch::kFloat32);
     torch::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return (weight * normed).to(x.scalar_type());
   }

@@ -1,0 +1,32 @@
+// One optimizer step as MiniMind's trainer does it: accumulation_steps micro-batches,
+// each backpropagating (LM loss + aux loss summed over MoE layers) / accumulation_steps;
+// then global grad-norm clipping and the optimizer step.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <vector>
+
+#include "minimind/data/batcher.h"
+#include "minimind/model/minimind_model.h"
+
+namespace minimind {
+
+struct StepStats {
+  double loss = 0, lm_loss = 0, aux_loss = 0;  // means over the micro-batches
+  double grad_norm = 0;                         // before clipping
+  std::vector<double> layer_aux;                // per MoE layer, mean over micro-batches
+  std::vector<std::vector<int64_t>> counts;     // per MoE layer: expert counts, summed
+  int64_t tokens = 0;                           // input tokens of all micro-batches
+  bool finite = true;                           // false: nothing was applied
+};
+
+// Sets the learning rate, runs the micro-batches and, if loss and gradient norm are
+// finite, clips and steps (then zeroes the gradients). A non-finite step changes no
+// parameter, so the caller can stop with the last good state intact.
+StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
+                         const std::function<Batch()>& next_batch, int64_t accumulation_steps,
+                         double grad_clip, double lr);
+
+}  // namespace minimind

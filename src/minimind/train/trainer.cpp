@@ -1,0 +1,342 @@
+#include "minimind/train/trainer.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "minimind/data/batcher.h"
+#include "minimind/data/prepare.h"
+#include "minimind/eval/evaluate.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/optim.h"
+#include "minimind/train/checkpoint.h"
+#include "minimind/train/lr_schedule.h"
+#include "minimind/train/routing_metrics.h"
+#include "minimind/train/run_log.h"
+#include "minimind/train/train_step.h"
+#include "minimind/util/blas_check.h"
+
+namespace fs = std::filesystem;
+
+namespace minimind {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Set by SIGINT/SIGTERM; the loop checks it after every optimizer step.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Installs the handlers for the run and restores the previous ones afterwards.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Console + run_dir/train.log for the duration of the run.
+class LoggerGuard {
+ public:
+  LoggerGuard(const std::string& run_dir, bool append) : previous_(spdlog::default_logger()) {
+    auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/train.log", !append);
+    auto logger = std::make_shared<spdlog::logger>("minimind", spdlog::sinks_init_list{console, file});
+    logger->flush_on(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+  }
+  ~LoggerGuard() { spdlog::set_default_logger(previous_); }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// A status line rewritten in place on a terminal (not written to train.log).
+class LiveLine {
+ public:
+  LiveLine() : tty_(isatty(STDOUT_FILENO)) {}
+  void show(const std::string& text) {
+    if (!tty_) return;
+    std::fprintf(stdout, "\r\033[K%s", text.c_str());
+    std::fflush(stdout);
+  }
+  void clear() {
+    if (!tty_) return;
+    std::fprintf(stdout, "\r\033[K");
+    std::fflush(stdout);
+  }
+
+ private:
+  bool tty_;
+};
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw TrainError("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+// Per MoE layer: expert counts summed over a window of steps.
+using LayerCounts = std::vector<std::vector<int64_t>>;
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const TrainOptions& options) {
+  TrainResult result;
+  const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
+  result.run_dir = run_dir;
+
+  // ---- 1. The run directory: fresh, overwritten, or resumed.
+  std::optional<std::string> checkpoint;
+  if (options.resume) {
+    checkpoint = latest_checkpoint(run_dir);
+    if (!checkpoint)
+      throw TrainError("--resume: no complete checkpoint in '" + run_dir +
+                       "'; run without --resume to start training");
+  } else if (fs::exists(run_dir) && !fs::is_empty(run_dir)) {
+    if (!options.overwrite)
+      throw TrainError("'" + run_dir + "' already holds a run; use --resume to continue it, "
+                       "--overwrite to start it again, or --out DIR for a new directory");
+    fs::remove_all(run_dir);
+  }
+  fs::create_directories(run_dir);
+  LoggerGuard logger(run_dir, options.resume);
+
+  TrainState state;
+  if (checkpoint) {
+    state = read_checkpoint_state(*checkpoint);
+    Config saved = load_config_string(state.config_yaml, *checkpoint + "/state.json");
+    validate_and_resolve(saved);
+    std::vector<std::string> model_diff = config_differences(saved, cfg, "model");
+    if (!model_diff.empty())
+      throw CheckpointError("cannot resume '" + *checkpoint + "' with a different model (" +
+                            fmt::format("{}", fmt::join(model_diff, "; ")) +
+                            "); resume with the run's own config: " + run_dir + "/config.yaml");
+    for (const auto& d : config_differences(saved, cfg))
+      spdlog::warn("resuming with a changed setting: {}", d);
+    spdlog::info("resuming {} from step {} ({} tokens seen)", *checkpoint, state.step, state.tokens);
+  }
+  write_text_atomic(fs::path(run_dir) / "config.yaml", config_to_yaml(cfg));
+  state.config_yaml = config_to_yaml(cfg);
+
+  const int threads = cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
+                                          : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(std::max(1, threads));
+
+  // ---- 2. Data (prepared once, cached by content) and a self-contained run directory.
+  PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, threads);
+  fs::copy_file(data.tokenizer_path, fs::path(run_dir) / "tokenizer.model",
+                fs::copy_options::overwrite_existing);
+  TokenFile train_tokens = TokenFile::open(data.train_path);
+  std::optional<TokenFile> val_tokens;
+  if (!data.val_path.empty() && data.val_docs > 0) val_tokens = TokenFile::open(data.val_path);
+  BatchSampler sampler(train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
+                       static_cast<uint64_t>(cfg.run.seed));
+
+  BlasReport blas = check_blas();
+  if (!blas.ok)
+    spdlog::warn("!!! matmul runs at {:.1f} GFLOP/s (BLAS: {}); expected > {:.0f}. Install an "
+                 "optimised BLAS (`apt-get install libopenblas0-pthread`; scripts/install-deps.sh "
+                 "does): training will be ~20x slower.", blas.gflops, blas.library, kMinSaneGflops);
+
+  // ---- 3. Model and optimizer, fresh or from the checkpoint.
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  auto optimizer = make_optimizer(model->parameters(), cfg.train);
+  if (checkpoint) {
+    state = load_checkpoint(*checkpoint, model, *optimizer);
+    state.config_yaml = config_to_yaml(cfg);
+    sampler.set_position(state.loader_position);
+  }
+  const ParamCount n = count_parameters(model);
+  const ModelConfig& m = cfg.model;
+  spdlog::info("model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
+               "{} threads, BLAS {:.0f} GFLOP/s",
+               m.num_hidden_layers, m.hidden_size,
+               m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
+                         : std::string("dense"),
+               n.total / 1e6, n.active / 1e6, threads, blas.gflops);
+
+  const int64_t keep_until = checkpoint ? state.step : -1;
+  JsonlWriter metrics((fs::path(run_dir) / "metrics.jsonl").string(), keep_until);
+  JsonlWriter loads((fs::path(run_dir) / "expert_load.jsonl").string(), keep_until);
+  JsonlWriter events((fs::path(run_dir) / "events.jsonl").string(), keep_until);
+  CollapseDetector detector({cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
+                             cfg.log.collapse_patience});
+
+  const int64_t A = cfg.train.accumulation_steps, T = cfg.train.max_steps;
+  const double coef = m.router_aux_loss_coef;
+  LiveLine live;
+
+  auto run_eval = [&](int64_t step) {
+    const auto t0 = Clock::now();
+    EvalResult ev = evaluate(model, *val_tokens, cfg.data.max_seq_len, cfg.train.batch_size);
+    live.clear();
+    spdlog::info("eval step {}: val_loss {:.4f} | ppl {:.2f} | {} tokens of {} documents in {:.1f} s",
+                 step, ev.loss, ev.ppl, ev.tokens, ev.documents, seconds_since(t0));
+    metrics.write({{"step", step}, {"tokens", state.tokens}, {"split", "eval"},
+                   {"val_loss", ev.loss}, {"val_ppl", ev.ppl}, {"val_tokens", ev.tokens}});
+    for (size_t l = 0; l < ev.expert_counts.size(); ++l) {
+      RoutingMetrics rm = routing_metrics(ev.expert_counts[l]);
+      loads.write(expert_load_record(step, static_cast<int64_t>(l), "eval", rm, -1));
+      spdlog::info("  eval {}", load_row(static_cast<int64_t>(l), rm));
+    }
+    if (result.first_val_loss == 0) result.first_val_loss = ev.loss;
+    result.last_val_loss = ev.loss;
+  };
+  if (val_tokens && !checkpoint) run_eval(0);
+  if (!val_tokens) spdlog::warn("no validation split (data.val empty and data.val_fraction 0): no evaluation");
+
+  // ---- 4. The loop: one iteration per optimizer step.
+  SignalGuard signals;
+  model->train();
+  const auto loop_start = Clock::now();
+  const int64_t first_step = state.step, first_tokens = state.tokens;
+  LayerCounts window;  // counts since the last log line
+  double win_loss = 0, win_lm = 0, win_aux = 0, win_gnorm = 0;
+  int64_t win_steps = 0, win_tokens = 0;
+  auto win_start = Clock::now();
+
+  while (state.step < T) {
+    const double lr = learning_rate_at(state.step, T, cfg.train.learning_rate, cfg.train.warmup_steps);
+    StepStats st = optimizer_step(model, *optimizer, [&] { return sampler.next(); }, A,
+                                  cfg.train.grad_clip, lr);
+    const double loss = st.loss, lm = st.lm_loss, aux = st.aux_loss, gnorm = st.grad_norm;
+    if (!st.finite) {
+      live.clear();
+      auto last = latest_checkpoint(run_dir);
+      throw TrainError(fmt::format(
+          "non-finite {} at step {} (loss {}, lm {}, aux {}, grad norm {}); stopping without "
+          "saving. The last good checkpoint is {}. Try a lower train.learning_rate or "
+          "train.grad_clip, then --resume.",
+          std::isfinite(loss) ? "gradient norm" : "loss", state.step + 1, loss, lm, aux, gnorm,
+          last ? *last : std::string("(none yet)")));
+    }
+    ++state.step;
+    state.tokens += st.tokens;
+    state.loader_position = sampler.position();
+    result.step_losses.push_back(loss);
+    const LayerCounts& step_counts = st.counts;
+    const int64_t step_tokens = st.tokens;
+
+    for (size_t l = 0; l < step_counts.size(); ++l)
+      loads.write(expert_load_record(state.step, static_cast<int64_t>(l), "train",
+                                     routing_metrics(step_counts[l]),
+                                     coef > 0 ? st.layer_aux[l] / coef : -1));
+    window.resize(step_counts.size());
+    for (size_t l = 0; l < step_counts.size(); ++l) {
+      window[l].resize(step_counts[l].size(), 0);
+      for (size_t e = 0; e < step_counts[l].size(); ++e) window[l][e] += step_counts[l][e];
+    }
+    win_loss += loss, win_lm += lm, win_aux += aux, win_gnorm += gnorm;
+    ++win_steps;
+    win_tokens += step_tokens;
+
+    const double elapsed = seconds_since(loop_start);
+    const double eta = elapsed / (state.step - first_step) * (T - state.step);
+    const double tok_s = win_tokens / std::max(1e-9, seconds_since(win_start));
+    live.show(fmt::format("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
+                          "{:.0f} tok/s | ETA {}",
+                          state.step, T, loss, lm, aux, lr, gnorm, tok_s, duration(eta)));
+
+    if (state.step % cfg.log.interval == 0 || state.step == T) {
+      live.clear();
+      const double w = static_cast<double>(win_steps);
+      spdlog::info("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
+                   "{:.0f} tok/s | ETA {}",
+                   state.step, T, win_loss / w, win_lm / w, win_aux / w, lr, win_gnorm / w, tok_s,
+                   duration(eta));
+      metrics.write({{"step", state.step}, {"tokens", state.tokens}, {"split", "train"},
+                     {"loss", win_loss / w}, {"lm_loss", win_lm / w}, {"aux_loss", win_aux / w},
+                     {"lr", lr}, {"grad_norm", win_gnorm / w}, {"tok_per_s", tok_s},
+                     {"elapsed", state.elapsed_seconds + elapsed}});
+      for (size_t l = 0; l < window.size(); ++l) {
+        RoutingMetrics rm = routing_metrics(window[l]);
+        spdlog::info("  {}", load_row(static_cast<int64_t>(l), rm));
+        if (auto ev = detector.observe(static_cast<int64_t>(l), state.step, rm)) {
+          spdlog::warn("{}", ev->message);
+          events.write({{"step", ev->step}, {"event", "collapse"}, {"layer", ev->layer},
+                        {"since_step", ev->since_step}, {"expert", ev->expert},
+                        {"max_share", ev->max_share}, {"dead_experts", ev->dead},
+                        {"message", ev->message}});
+        }
+      }
+      window.clear();
+      win_loss = win_lm = win_aux = win_gnorm = 0;
+      win_steps = win_tokens = 0;
+      win_start = Clock::now();
+    }
+    if (val_tokens && (state.step % cfg.train.eval_interval == 0 || state.step == T)) {
+      run_eval(state.step);
+      win_start = Clock::now();  // evaluation time is not training throughput
+    }
+
+    const bool stop = (options.after_step && options.after_step(state.step, model)) || g_stop_signal != 0;
+    if (state.step % cfg.train.checkpoint_interval == 0 || state.step == T || stop) {
+      TrainState snapshot = state;
+      snapshot.elapsed_seconds += seconds_since(loop_start);
+      const std::string dir = save_checkpoint(run_dir, model, *optimizer, snapshot, cfg.train.keep_checkpoints);
+      live.clear();
+      spdlog::info("checkpoint {}", dir);
+    }
+    if (stop) {
+      result.interrupted = true;
+      result.signal = g_stop_signal;
+      live.clear();
+      spdlog::warn("stopped at step {}{}; continue with --resume", state.step,
+                   result.signal ? fmt::format(" by signal {}", result.signal) : "");
+      break;
+    }
+  }
+  live.clear();
+  result.step = state.step;
+  result.tokens = state.tokens;
+  result.seconds = seconds_since(loop_start);
+  if (!result.interrupted)
+    spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s){}", state.step - first_step,
+                 state.tokens, duration(result.seconds),
+                 (state.tokens - first_tokens) / std::max(1e-9, result.seconds),
+                 val_tokens ? fmt::format("; val_loss {:.4f} -> {:.4f}", result.first_val_loss,
+                                          result.last_val_loss)
+                            : "");
+  return result;
+}
+
+}  // namespace minimind
