@@ -19,6 +19,8 @@
 #include <map>
 
 #include "minimind/config.h"
+#include "minimind/data/token_file.h"
+#include "minimind/eval/evaluate.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/optim.h"
@@ -198,5 +200,35 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
                             "/tests/reference/check_weights.py " + fixtures_dir() + "/" + name +
                             ".pt " + path + " " + c10::str(std::setprecision(17), loss);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+}
+
+// minimind-eval's loss: the reference's LM loss on the same documents (the fixture batch
+// rows without their padding), whatever the evaluation batch size.
+TEST(ParityEval, EvaluateEqualsReferenceLoss) {
+  torch::set_num_threads(1);
+  for (const std::string name : {"dense_eval", "moe_top1_norm_eval", "moe_top2_nonorm_eval"}) {
+    SCOPED_TRACE(name);
+    auto fx = load_fixture(name);
+    MiniMindForCausalLM model = build(fx, name);
+    torch::Tensor ids = fx.at("input_ids").toTensor();
+    const std::string path = testing::TempDir() + "eval_docs_" + std::to_string(::getpid()) + ".tok";
+    {
+      TokenFileWriter w(path, static_cast<uint32_t>(model->config().vocab_size), {0, 0});
+      for (int64_t r = 0; r < ids.size(0); ++r) {
+        std::vector<int32_t> doc;
+        for (int64_t t = 0; t < ids.size(1) && ids[r][t].item<int64_t>() != 0; ++t)
+          doc.push_back(static_cast<int32_t>(ids[r][t].item<int64_t>()));
+        w.add_document(doc);
+      }
+      w.finish();
+    }
+    TokenFile docs = TokenFile::open(path);
+    const double ref = fx.at("loss").toTensor().item<double>();
+    for (int64_t batch : {1, 2, 3}) {
+      EvalResult r = evaluate(model, docs, 32, batch);
+      EXPECT_NEAR(r.loss, ref, kTol) << "batch " << batch;
+      EXPECT_EQ(r.documents, ids.size(0));
+    }
   }
 }

@@ -16,6 +16,7 @@
 #include "minimind/data/batcher.h"
 #include "minimind/data/prepare.h"
 #include "minimind/eval/evaluate.h"
+#include "minimind/eval/report.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/optim.h"
 #include "minimind/train/checkpoint.h"
@@ -158,6 +159,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   const int threads = cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
                                           : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(std::max(1, threads));
+  // torch's OpenMP threads already fill the cores: OpenBLAS's own pthreads would fight them.
+  if (threads > 1) set_blas_threads(1);
 
   // ---- 2. Data (prepared once, cached by content) and a self-contained run directory.
   PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, threads);
@@ -326,6 +329,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     }
   }
   live.clear();
+  spdlog::info("report {}", write_report(run_dir));
   result.step = state.step;
   result.tokens = state.tokens;
   result.seconds = seconds_since(loop_start);

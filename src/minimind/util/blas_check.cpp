@@ -1,5 +1,6 @@
 #include "minimind/util/blas_check.h"
 
+#include <dlfcn.h>
 #include <link.h>
 #include <torch/torch.h>
 
@@ -24,6 +25,14 @@ std::string loaded_blas_library() {
       },
       &found);
   return found;
+}
+
+bool set_blas_threads(int n) {
+  using SetThreads = void (*)(int);
+  auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!fn) return false;
+  fn(n);
+  return true;
 }
 
 BlasReport check_blas(int64_t n) {

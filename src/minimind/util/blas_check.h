@@ -18,6 +18,12 @@ BlasReport check_blas(int64_t n = 384);
 // The real file behind the libblas.so.3 mapped into this process ("" if none).
 std::string loaded_blas_library();
 
+// Sets OpenBLAS's own thread count (no-op for another BLAS); returns false if the loaded
+// BLAS has no such control. With torch's OpenMP threads already using every core,
+// OpenBLAS's extra pthreads only compete with them: on this 2-core machine one BLAS thread
+// made training ~30% faster and stable (README, "BLAS and threads").
+bool set_blas_threads(int n);
+
 // Below this, a matmul-bound trainer is unusable; OpenBLAS gives 90-140 GFLOP/s here.
 constexpr double kMinSaneGflops = 20.0;
 

@@ -1,0 +1,163 @@
+// minimind-eval: loss/perplexity and expert load of a checkpoint on any corpus, text
+// generation, and inspection of a run's expert-load logs (terminal and report.html).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include "minimind/data/prepare.h"
+#include "minimind/eval/eval_inputs.h"
+#include "minimind/eval/evaluate.h"
+#include "minimind/eval/generate.h"
+#include "minimind/eval/inspect.h"
+#include "minimind/eval/report.h"
+#include "minimind/eval/run_logs.h"
+#include "minimind/model/weights_io.h"
+#include "minimind/train/checkpoint.h"
+#include "minimind/train/routing_metrics.h"
+#include "minimind/util/blas_check.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Args {
+  std::string checkpoint, config, tokenizer, data, prompt, inspect, report;
+  int64_t max_docs = -1, batch_size = 0, threads = 0;
+  bool json = false;
+  minimind::GenerateOptions gen;
+};
+
+int evaluate_command(const Args& a, minimind::EvalModel& m) {
+  using namespace minimind;
+  const Config& cfg = m.config;
+  std::optional<TokenFile> docs;
+  const std::string tmp = (std::filesystem::temp_directory_path() /
+                           ("minimind-eval-" + std::to_string(::getpid()))).string();
+  if (!a.data.empty()) {
+    if (!m.tokenizer) throw TokenizerError("--data needs a tokenizer: pass --tokenizer FILE.model");
+    docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
+  } else {
+    PreparedData d = prepare_data(cfg.data, cfg.model.vocab_size, static_cast<int>(torch::get_num_threads()));
+    if (d.val_path.empty() || d.val_docs == 0)
+      throw DataError("the run has no validation split; pass --data FILE.jsonl");
+    docs = TokenFile::open(d.val_path);
+  }
+  const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
+  const auto t0 = Clock::now();
+  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs);
+  const double secs = since(t0);
+  std::filesystem::remove_all(tmp);
+
+  nlohmann::json out = {{"loss", r.loss}, {"ppl", r.ppl}, {"tokens", r.tokens},
+                        {"documents", r.documents}, {"seconds", secs},
+                        {"tokens_per_s", r.tokens / secs}, {"weights", m.weights},
+                        {"expert_load", nlohmann::json::array()}};
+  spdlog::info("loss {:.4f} | ppl {:.2f} | {} predicted tokens of {} documents | {:.1f} s ({:.0f} tokens/s)",
+               r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
+  for (size_t l = 0; l < r.expert_counts.size(); ++l) {
+    RoutingMetrics rm = routing_metrics(r.expert_counts[l]);
+    spdlog::info("  {}", load_row(static_cast<int64_t>(l), rm));
+    out["expert_load"].push_back({{"layer", l}, {"counts", rm.counts}, {"share", rm.share},
+                                  {"max_vio", rm.max_vio}, {"cv", rm.cv}, {"entropy", rm.entropy},
+                                  {"effective_experts", rm.effective_experts},
+                                  {"max_share", rm.max_share}, {"max_expert", rm.max_expert},
+                                  {"dead", rm.dead.size()}, {"dead_experts", rm.dead}});
+  }
+  if (a.json) std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+int generate_command(const Args& a, minimind::EvalModel& m) {
+  using namespace minimind;
+  if (!m.tokenizer) throw TokenizerError("generation needs a tokenizer: pass --tokenizer FILE.model");
+  const Tokenizer& tok = *m.tokenizer;
+  std::vector<int64_t> prompt{kBosId};
+  for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
+  std::cout << a.prompt << std::flush;
+  std::vector<int32_t> generated;
+  size_t printed = 0;
+  const auto t0 = Clock::now();
+  auto on_token = [&](int64_t id) {
+    generated.push_back(static_cast<int32_t>(id));
+    // Decode everything so far and print what is new, holding back an unfinished
+    // UTF-8 character (decoded as U+FFFD until its last byte arrives).
+    const std::string text = tok.decode(generated);
+    if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
+    if (text.size() > printed) {
+      std::cout << text.substr(printed) << std::flush;
+      printed = text.size();
+    }
+  };
+  std::vector<int64_t> out = generate(m.model, prompt, a.gen, on_token);
+  const double secs = since(t0);
+  const std::string text = tok.decode(generated);
+  if (text.size() > printed) std::cout << text.substr(printed);
+  std::cout << std::endl;
+  spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s, KV cache {})", out.size(), secs,
+               out.size() / std::max(secs, 1e-9), a.gen.use_cache ? "on" : "off");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
+  Args a;
+  bool no_cache = false;
+  app.add_option("--checkpoint", a.checkpoint,
+                 "checkpoint directory (runs/X/checkpoints/step_N), run directory, or MiniMind .pth");
+  app.add_option("--config", a.config, "YAML config (required for a bare .pth)");
+  app.add_option("--tokenizer", a.tokenizer, "sentencepiece .model (default: the run's tokenizer.model)");
+  app.add_option("--data", a.data, "JSONL corpus to evaluate (default: the run's validation split)");
+  app.add_option("--max-docs", a.max_docs, "evaluate at most N documents");
+  app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)");
+  app.add_option("--threads", a.threads, "intra-op threads (default: one per core)");
+  app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
+  app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
+  app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)");
+  app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")->check(CLI::PositiveNumber);
+  app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)");
+  app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)");
+  app.add_option("--repetition-penalty", a.gen.repetition_penalty, "MiniMind's penalty, 1 = off (default 1.0)");
+  app.add_option("--seed", a.gen.seed, "sampling seed (default 42)");
+  app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
+  app.add_flag("--no-cache", no_cache, "recompute the whole sequence for every token (slow; for checks)");
+  app.add_option("--inspect", a.inspect, "show a run's expert-load history in the terminal (RUN_DIR)");
+  app.add_option("--report", a.report, "write RUN_DIR/report.html");
+  CLI11_PARSE(app, argc, argv);
+  a.gen.use_cache = !no_cache;
+
+  // Human-readable output goes to stderr so that stdout carries only the result.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
+  try {
+    if (!a.inspect.empty() || !a.report.empty()) {
+      if (!a.inspect.empty()) std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
+      if (!a.report.empty()) spdlog::info("wrote {}", minimind::write_report(a.report));
+      return 0;
+    }
+    if (a.checkpoint.empty()) {
+      spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");
+      return 2;
+    }
+    const int threads = a.threads > 0 ? static_cast<int>(a.threads)
+                                      : static_cast<int>(std::thread::hardware_concurrency());
+    torch::set_num_threads(std::max(1, threads));
+    if (threads > 1) minimind::set_blas_threads(1);
+    const bool generating = !a.prompt.empty();
+    minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer, generating || !a.data.empty());
+    spdlog::info("loaded {}", m.weights);
+    if (!generating || !a.data.empty()) evaluate_command(a, m);
+    if (generating) generate_command(a, m);
+    return 0;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,35 @@
+// What minimind-eval needs, found from what the user gave: a checkpoint directory, a run
+// directory, or a bare MiniMind .pth with a config; the tokenizer; the documents.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "minimind/config.h"
+#include "minimind/data/token_file.h"
+#include "minimind/data/tokenizer.h"
+#include "minimind/model/minimind_model.h"
+
+namespace minimind {
+
+struct EvalModel {
+  Config config;
+  MiniMindForCausalLM model{nullptr};
+  std::optional<Tokenizer> tokenizer;
+  std::string run_dir;   // "" for a bare .pth
+  std::string weights;   // the .pth loaded
+};
+
+// path: checkpoints/step_X/ (config from its state.json), a run directory (its newest
+// checkpoint), or a .pth file (config_path required). The tokenizer is tokenizer_path, else
+// the run's tokenizer.model, else the config's data.tokenizer; its vocabulary must equal
+// model.vocab_size. Throws CheckpointError / WeightsError / TokenizerError / ConfigError.
+EvalModel load_eval_model(const std::string& path, const std::string& config_path,
+                          const std::string& tokenizer_path, bool need_tokenizer);
+
+// Tokenises a JSONL corpus into a temporary token file (documents [bos] + ids + [eos]).
+// max_docs < 0: all records.
+TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok, const std::string& tmp_dir,
+                          int64_t max_docs);
+
+}  // namespace minimind

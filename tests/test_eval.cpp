@@ -1,0 +1,248 @@
+// minimind-eval and inspection: evaluation semantics, the JSON output, bad checkpoints,
+// KV-cache generation, the terminal inspection and the HTML report.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "minimind/config.h"
+#include "minimind/data/prepare.h"
+#include "minimind/data/token_file.h"
+#include "minimind/eval/eval_inputs.h"
+#include "minimind/eval/evaluate.h"
+#include "minimind/eval/generate.h"
+#include "minimind/eval/inspect.h"
+#include "minimind/eval/report.h"
+#include "minimind/model/weights_io.h"
+#include "minimind/train/trainer.h"
+
+using namespace minimind;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Command {
+  int status;
+  std::string out, err;
+};
+
+Command run(const std::string& args) {
+  const std::string err_file = testing::TempDir() + "eval_err_" + std::to_string(::getpid());
+  const std::string cmd = std::string(MINIMIND_EVAL_BIN) + " " + args + " 2>" + err_file;
+  Command c{0, "", ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) c.out.append(buf, n);
+  c.status = WEXITSTATUS(pclose(p));
+  std::ifstream in(err_file);
+  c.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return c;
+}
+
+// One tiny trained MoE run (and a dense one) shared by the suite.
+class EvalTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((fs::path(testing::TempDir()) / ("minimind_eval_" + std::to_string(::getpid()))).string());
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    {
+      std::ifstream in(std::string(MINIMIND_SOURCE_DIR) + "/data/austen.jsonl");
+      std::ofstream out(*dir_ + "/corpus.jsonl");
+      std::string line;
+      for (int i = 0; i < 300 && std::getline(in, line); ++i) out << line << "\n";
+    }
+    for (bool moe : {true, false}) {
+      Config cfg = load_config_string(
+          "run: {name: tiny, seed: 5, threads: 1}\n"
+          "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,\n"
+          "        num_key_value_heads: 1, vocab_size: 512, max_position_embeddings: 128,\n"
+          "        use_moe: " + std::string(moe ? "true" : "false") + ", num_experts: 4}\n"
+          "data: {max_seq_len: 48, val_fraction: 0.05}\n"
+          "train: {batch_size: 4, accumulation_steps: 1, max_steps: 12, learning_rate: 3.0e-3,\n"
+          "        eval_interval: 6, checkpoint_interval: 6}\n"
+          "log: {interval: 2}\n", "tiny.yaml");
+      apply_override(cfg, "data.train=" + *dir_ + "/corpus.jsonl");
+      apply_override(cfg, "data.cache_dir=" + *dir_ + "/cache");
+      validate_and_resolve(cfg);
+      train(cfg, {*dir_ + (moe ? "/moe" : "/dense"), false, false, {}});
+      if (moe) config_ = new Config(cfg);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete config_;
+  }
+  static std::string ckpt() { return *dir_ + "/moe/checkpoints/step_00000012"; }
+  static std::string* dir_;
+  static Config* config_;
+};
+std::string* EvalTest::dir_ = nullptr;
+Config* EvalTest::config_ = nullptr;
+
+}  // namespace
+
+TEST_F(EvalTest, JsonOutputSchema) {
+  Command c = run("--checkpoint " + ckpt() + " --json --max-docs 6");
+  ASSERT_EQ(c.status, 0) << c.err;
+  nlohmann::json j = nlohmann::json::parse(c.out);  // stdout is exactly one JSON object
+  for (const char* k : {"loss", "ppl", "tokens", "documents", "expert_load"}) EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["documents"], 6);
+  EXPECT_NEAR(j["ppl"].get<double>(), std::exp(j["loss"].get<double>()), 1e-6 * j["ppl"].get<double>());
+  ASSERT_EQ(j["expert_load"].size(), 2u);
+  for (const auto& layer : j["expert_load"]) {
+    for (const char* k : {"layer", "counts", "share", "max_vio", "entropy", "max_share", "dead"})
+      EXPECT_TRUE(layer.contains(k)) << k;
+    EXPECT_EQ(layer["counts"].size(), 4u);
+  }
+  EXPECT_NE(c.err.find("loss"), std::string::npos);  // human output went to stderr
+}
+
+TEST_F(EvalTest, AnyCorpusAndRunDirectory) {
+  std::ofstream(*dir_ + "/other.jsonl") << "{\"text\": \"Emma was not quite sure.\"}\n"
+                                        << "{\"text\": \"中文也可以。🙂\"}\n";
+  Command c = run("--checkpoint " + *dir_ + "/moe --data " + *dir_ + "/other.jsonl --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(nlohmann::json::parse(c.out)["documents"], 2);
+}
+
+TEST_F(EvalTest, BatchSizeDoesNotChangeTheLossAndEvalLeavesTrainingStateAlone) {
+  EvalModel m = load_eval_model(ckpt(), "", "", true);
+  TokenFile docs = tokenize_corpus(*dir_ + "/corpus.jsonl", *m.tokenizer, *dir_ + "/tok_bs", 20);
+  m.model->train();
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& p : m.model->named_parameters()) before[p.key()] = p.value().clone();
+  EvalResult a = evaluate(m.model, docs, 48, 1), b = evaluate(m.model, docs, 48, 7);
+  EXPECT_NEAR(a.loss, b.loss, 1e-6);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.expert_counts, b.expert_counts);
+  EXPECT_TRUE(m.model->is_training());
+  for (const auto& p : m.model->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), before[p.key()])) << p.key();
+    EXPECT_FALSE(p.value().grad().defined()) << p.key();
+  }
+}
+
+TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
+  Command missing = run("--checkpoint " + *dir_ + "/nope");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("does not exist"), std::string::npos) << missing.err;
+
+  // A truncated model.pth.
+  fs::copy(ckpt(), *dir_ + "/broken", fs::copy_options::recursive);
+  fs::resize_file(*dir_ + "/broken/model.pth", 1000);
+  Command corrupt = run("--checkpoint " + *dir_ + "/broken --tokenizer " + *dir_ + "/moe/tokenizer.model");
+  EXPECT_NE(corrupt.status, 0);
+  EXPECT_NE(corrupt.err.find("corrupt or truncated"), std::string::npos) << corrupt.err;
+
+  // A bare .pth: needs --config, and its names/shapes must match it.
+  Command no_config = run("--checkpoint " + ckpt() + "/model.pth");
+  EXPECT_NE(no_config.status, 0);
+  EXPECT_NE(no_config.err.find("pass --config"), std::string::npos) << no_config.err;
+  std::ofstream(*dir_ + "/wrong.yaml") << "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2,"
+                                          " num_key_value_heads: 1, vocab_size: 512, use_moe: true}\n"
+                                          "data: {max_seq_len: 48}\n";
+  Command mismatch = run("--checkpoint " + ckpt() + "/model.pth --config " + *dir_ + "/wrong.yaml");
+  EXPECT_NE(mismatch.status, 0);
+  EXPECT_NE(mismatch.err.find("do not match the model config"), std::string::npos) << mismatch.err;
+  EXPECT_NE(mismatch.err.find("shape of model.embed_tokens.weight"), std::string::npos) << mismatch.err;
+
+  // A tokenizer whose vocabulary disagrees with the model.
+  std::ofstream(*dir_ + "/v600.yaml") << "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,"
+                                         " num_key_value_heads: 1, vocab_size: 600}\n"
+                                         "data: {train: " + *dir_ + "/corpus.jsonl, cache_dir: " + *dir_ + "/cache}\n";
+  LoadedConfig v600 = load_config(*dir_ + "/v600.yaml", {});
+  std::string other_tok = prepare_data(v600.config.data, 600, 1).tokenizer_path;
+  Command vocab = run("--checkpoint " + ckpt() + " --tokenizer " + other_tok + " --prompt Emma");
+  EXPECT_NE(vocab.status, 0);
+  EXPECT_NE(vocab.err.find("has 600 pieces but the model's vocab_size is 512"), std::string::npos) << vocab.err;
+}
+
+TEST_F(EvalTest, GreedyWithKvCacheEqualsWithoutAndSeedsRepeat) {
+  EvalModel m = load_eval_model(ckpt(), "", "", true);
+  std::vector<int64_t> prompt{1};
+  for (int32_t id : m.tokenizer->encode("It was a fine morning, and Emma")) prompt.push_back(id);
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.greedy = true;
+  o.eos_id = -1;  // run the full length
+  std::vector<int64_t> cached = generate(m.model, prompt, o);
+  o.use_cache = false;
+  std::vector<int64_t> full = generate(m.model, prompt, o);
+  EXPECT_EQ(cached.size(), 40u);
+  EXPECT_EQ(cached, full);
+
+  GenerateOptions s;
+  s.max_new_tokens = 30;
+  s.eos_id = -1;
+  s.seed = 7;
+  std::vector<int64_t> a = generate(m.model, prompt, s), b = generate(m.model, prompt, s);
+  EXPECT_EQ(a, b);
+  s.seed = 8;
+  EXPECT_NE(generate(m.model, prompt, s), a);
+
+  Command c = run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(c.out.rfind("Emma said", 0), 0u) << c.out;
+  EXPECT_NE(c.err.find("tokens/s"), std::string::npos) << c.err;
+  EXPECT_EQ(run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3").out, c.out);
+}
+
+TEST(Sampling, FilterFollowsMiniMindsOrder) {
+  GenerateOptions o;
+  o.temperature = 1.0;
+  o.top_k = 3;
+  o.top_p = 1.0;
+  torch::Tensor logits = torch::tensor({1.0f, 4.0f, 3.0f, 2.0f, 0.0f});
+  torch::Tensor k = filter_logits(logits, {}, o);
+  EXPECT_TRUE(std::isinf(k[0].item<float>()) && std::isinf(k[4].item<float>()));
+  EXPECT_FLOAT_EQ(k[3].item<float>(), 2.0f);
+  // top-p keeps the smallest set whose probability reaches p, including the crossing token.
+  o.top_k = 0;
+  o.top_p = 0.7;
+  torch::Tensor p = filter_logits(logits, {}, o);  // softmax: .64 .24 .09 .03 .01
+  EXPECT_FALSE(std::isinf(p[1].item<float>()));
+  EXPECT_FALSE(std::isinf(p[2].item<float>()));
+  EXPECT_TRUE(std::isinf(p[3].item<float>()));
+  // Repetition penalty divides the logits of seen tokens; temperature comes first.
+  o.top_p = 1.0;
+  o.repetition_penalty = 2.0;
+  o.temperature = 0.5;
+  torch::Tensor r = filter_logits(logits, {1, 1, 3}, o);
+  EXPECT_FLOAT_EQ(r[1].item<float>(), 4.0f);  // 4 / 0.5 / 2
+  EXPECT_FLOAT_EQ(r[3].item<float>(), 2.0f);  // 2 / 0.5 / 2
+  EXPECT_FLOAT_EQ(r[2].item<float>(), 6.0f);  // 3 / 0.5
+}
+
+TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
+  const std::string moe = *dir_ + "/moe/report.html", dense = *dir_ + "/dense/report.html";
+  ASSERT_TRUE(fs::exists(moe));  // written by the trainer at the end of the run
+  const std::string check = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR + "/tests/reference/check_html.py ";
+  EXPECT_EQ(std::system((check + moe + " 2").c_str()), 0);
+  EXPECT_EQ(std::system((check + dense + " 0").c_str()), 0);
+  std::ifstream in(moe);
+  std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* part : {"Layer 0: expert share", "Layer 1: expert share", "MaxVio per layer",
+                           "Normalised entropy", "Learning rate", "val loss", "fair share"})
+    EXPECT_NE(html.find(part), std::string::npos) << part;
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  // --report rewrites it from the logs.
+  fs::remove(moe);
+  EXPECT_EQ(run("--report " + *dir_ + "/moe").status, 0);
+  EXPECT_TRUE(fs::exists(moe));
+}
+
+TEST_F(EvalTest, InspectShowsHistogramsTrendsAndWarnings) {
+  Command c = run("--inspect " + *dir_ + "/moe");
+  ASSERT_EQ(c.status, 0) << c.err;
+  for (const char* part : {"train loss", "val loss", "L0 ", "L1 ", "maxvio", "entropy", "max share",
+                           "MaxVio_global", "collapse warnings"})
+    EXPECT_NE(c.out.find(part), std::string::npos) << part << "\n" << c.out;
+  EXPECT_NE(run("--inspect " + *dir_ + "/dense").out.find("dense model"), std::string::npos);
+  EXPECT_NE(run("--inspect " + *dir_ + "/nothing").status, 0);
+}
