@@ -198,7 +198,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
         if (!held_out[i]) texts.push_back(r.texts[i]);
       spdlog::info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
       const auto tt = Clock::now();
-      model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size), threads);
+      model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
       write_file(out.tokenizer_path, model_bytes);
       spdlog::info("tokenizer trained in {:.2f} s -> {}", seconds_since(tt), out.tokenizer_path);
     }

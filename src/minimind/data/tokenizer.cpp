@@ -98,8 +98,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return from_bytes(std::move(bytes), path);
 }
 
-std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t vocab_size,
-                             int num_threads) {
+std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t vocab_size) {
   // The trainer reads sentences without newlines; each line of a record is a sentence.
   std::vector<const char*> ptrs;
   std::vector<size_t> lens;
@@ -136,7 +135,9 @@ std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t
       {"split_digits", "false"},
       {"character_coverage", "0.9995"},
       {"max_sentence_length", "65536"},
-      {"num_threads", std::to_string(std::max(1, num_threads))},
+      // The thread count is stored in the model; a fixed one keeps the .model bytes (and so
+      // the cache keys) the same on every machine. BPE training here is single-threaded.
+      {"num_threads", "1"},
       {"minloglevel", "2"},
   };
   std::vector<const char*> keys, values;

@@ -31,8 +31,7 @@ class Tokenizer {
   // Trains a BPE model of vocab_size pieces on the given texts (see tokenizer.cpp for the
   // options: byte fallback, "\n" as its own piece, no normalisation). Deterministic.
   // Returns the serialised model.
-  static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size,
-                           int num_threads);
+  static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size);
 
   std::vector<int32_t> encode(std::string_view text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
