@@ -1,0 +1,138 @@
+// minimind-bench: training and generation speed of the C++ model on the fixed bench config
+// (hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32).
+// scripts/bench.sh runs it next to the PyTorch reference (tests/reference/bench.py).
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "minimind/config.h"
+#include "minimind/eval/generate.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/optim.h"
+#include "minimind/util/blas_check.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Model FLOPs per trained token: 6 x the matmul weights a token passes through (attention
+// projections, the active experts or the dense FFN, routers, lm_head), plus attention
+// scores and weighted sums, 12 x layers x seq x heads*head_dim (forward + backward, the
+// full T x T matrix as computed).
+double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
+  const double H = m.hidden_size, d = m.head_dim();
+  const double attn = H * m.num_attention_heads * d * 2 + H * m.num_key_value_heads * d * 2;
+  const double ffn = m.use_moe ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() + H * m.num_experts
+                               : 3 * H * m.ffn_size();
+  const double matmul_params = m.num_hidden_layers * (attn + ffn) + H * m.vocab_size;
+  return 6 * matmul_params + 12.0 * m.num_hidden_layers * seq * m.num_attention_heads * d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
+  std::string preset = "moe-top1";
+  int steps = 12, warmup = 3, threads = 0, blas_threads = 0;
+  bool json = false;
+  app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
+  app.add_option("--steps", steps, "measured steps (median over them)");
+  app.add_option("--warmup", warmup, "steps before measuring");
+  app.add_option("--threads", threads, "intra-op threads (0 = one per core)");
+  app.add_option("--blas-threads", blas_threads, "OpenBLAS threads while training (0: the trainer's choice)");
+  app.add_flag("--json", json, "one JSON line on stdout");
+  CLI11_PARSE(app, argc, argv);
+
+  using namespace minimind;
+  Config cfg = load_config_string(
+      "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 2,\n"
+      "        vocab_size: 6400, num_experts: 4, norm_topk_prob: false}\n"
+      "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n", "bench");
+  cfg.model.use_moe = preset != "dense";
+  cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
+  validate_and_resolve(cfg);
+  const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+
+  // The machine's fp32 matmul peak: all cores in OpenBLAS, as large a GEMM as it likes.
+  torch::set_num_threads(n_threads);
+  set_blas_threads(n_threads);
+  const double peak = check_blas(1536).gflops;
+  if (blas_threads > 0) {
+    set_blas_threads(blas_threads);
+  } else if (n_threads > 1) {
+    set_blas_threads(1);  // the trainer's setting (README, BLAS and threads)
+  }
+
+  torch::manual_seed(0);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  model->train();
+  auto opt = make_optimizer(model->parameters(), cfg.train);
+  const int64_t B = 8, T = 256;
+  torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
+
+  std::vector<double> fwd, bwd, optim, total;
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = Clock::now();
+    ForwardOutput out = model(ids, ids);
+    torch::Tensor loss = out.loss + out.aux_loss;
+    const double f = since(t0);
+    auto t1 = Clock::now();
+    loss.backward();
+    const double b = since(t1);
+    auto t2 = Clock::now();
+    finish_gradients(model->parameters(), 1.0);
+    opt->step();
+    opt->zero_grad();
+    const double o = since(t2);
+    if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
+  }
+  const double step = median(total);
+  const double tok_s = B * T / step;
+  const double mfu = tok_s * flops_per_token(cfg.model, T) / (peak * 1e9);
+  std::vector<double> rates;
+  for (double t : total) rates.push_back(B * T / t);
+  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+
+  // Generation: 128 tokens greedy after a 16-token prompt, with the KV cache.
+  model->eval();
+  std::vector<int64_t> prompt(ids[0].data_ptr<int64_t>(), ids[0].data_ptr<int64_t>() + 16);
+  GenerateOptions g;
+  g.max_new_tokens = 128;
+  g.greedy = true;
+  g.eos_id = -1;
+  generate(model, prompt, g);  // warm-up
+  auto tg = Clock::now();
+  const size_t n = generate(model, prompt, g).size();
+  const double gen_s = n / since(tg);
+
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss_mb = ru.ru_maxrss / 1024.0;
+  if (json) {
+    std::cout << fmt::format(
+        "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, \"tok_s_min\": {:.1f}, "
+        "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, \"opt_ms\": {:.1f}, "
+        "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": {:.1f}}}\n",
+        preset, n_threads, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
+        1e3 * median(optim), rss_mb, mfu, peak, gen_s);
+  } else {
+    std::cout << fmt::format(
+        "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + opt {:.0f} | "
+        "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s | generation {:.0f} tok/s\n",
+        preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim),
+        rss_mb, 100 * mfu, peak, gen_s);
+  }
+  return 0;
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/python3
+"""The PyTorch reference (minimind_ref.py: MiniMind's own code path) on the bench config,
+measured like minimind-bench: median step time over the measured steps, fwd/bwd/optimizer
+split, peak RSS, MFU against an fp32 matmul peak measured in this process.
+
+Usage: bench.py PRESET THREADS [STEPS] [WARMUP]   (prints one JSON line)
+"""
+import ctypes
+import json
+import os
+import resource
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from minimind_ref import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+
+
+def set_blas_threads(n):
+    try:
+        ctypes.CDLL("libopenblas.so.0").openblas_set_num_threads(n)
+    except OSError:
+        pass
+
+
+def peak_gflops(n=1536):
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = 1e30
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
+
+
+def main():
+    preset, threads = sys.argv[1], int(sys.argv[2])
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 12
+    warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    torch.set_num_threads(threads)
+    set_blas_threads(threads)
+    peak = peak_gflops()
+    if threads > 1:
+        set_blas_threads(1)  # the same BLAS setting as the C++ side
+    cfg = MiniMindConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                         vocab_size=6400, max_position_embeddings=32768, use_moe=preset != "dense",
+                         num_experts=4, num_experts_per_tok=2 if preset == "moe-top2" else 1,
+                         norm_topk_prob=False)
+    torch.manual_seed(0)
+    model = MiniMindForCausalLM(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
+    ids = torch.randint(3, cfg.vocab_size, (8, 256))
+    fwd, bwd, optim, total = [], [], [], []
+    for s in range(warmup + steps):
+        t0 = time.perf_counter()
+        _, loss, aux, _ = model(ids, ids)
+        loss = loss + aux
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if s >= warmup:
+            fwd.append(t1 - t0), bwd.append(t2 - t1), optim.append(t3 - t2), total.append(t3 - t0)
+
+    def median(v):
+        v = sorted(v)
+        return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+    step = median(total)
+    rates = [8 * 256 / t for t in total]
+    H, d, L, V = 256, 32, 4, 6400
+    attn = H * 8 * d * 2 + H * 2 * d * 2
+    ffn = (cfg.num_experts_per_tok * 3 * H * cfg.moe_intermediate_size + H * 4) if cfg.use_moe \
+        else 3 * H * cfg.intermediate_size
+    flops = 6 * (L * (attn + ffn) + H * V) + 12 * L * 256 * 8 * d
+    tok_s = 8 * 256 / step
+    print(json.dumps({
+        "impl": "pytorch", "preset": preset, "threads": threads, "tok_s": round(tok_s, 1),
+        "tok_s_min": round(min(rates), 1), "tok_s_max": round(max(rates), 1), "step_ms": round(1e3 * step, 1),
+        "fwd_ms": round(1e3 * median(fwd), 1), "bwd_ms": round(1e3 * median(bwd), 1),
+        "opt_ms": round(1e3 * median(optim), 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "mfu": round(tok_s * flops / (peak * 1e9), 4), "peak_gflops": round(peak, 1), "gen_tok_s": None}))
+
+
+if __name__ == "__main__":
+    main()
