@@ -63,7 +63,7 @@ int evaluate_command(const Args& a, minimind::EvalModel& m) {
                r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
   for (size_t l = 0; l < r.expert_counts.size(); ++l) {
     RoutingMetrics rm = routing_metrics(r.expert_counts[l]);
-    spdlog::info("  {}", load_row(static_cast<int64_t>(l), rm));
+    spdlog::info("  {}  counts {}", load_row(static_cast<int64_t>(l), rm), fmt::join(rm.counts, " "));
     out["expert_load"].push_back({{"layer", l}, {"counts", rm.counts}, {"share", rm.share},
                                   {"max_vio", rm.max_vio}, {"cv", rm.cv}, {"entropy", rm.entropy},
                                   {"effective_experts", rm.effective_experts},
