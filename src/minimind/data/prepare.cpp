@@ -13,6 +13,7 @@
 
 #include "minimind/data/jsonl.h"
 #include "minimind/data/tokenizer.h"
+#include "minimind/util/atomic_file.h"
 #include "minimind/util/mix64.h"
 
 namespace fs = std::filesystem;
@@ -32,16 +33,6 @@ std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) throw DataError("cannot write '" + tmp + "'");
-  }
-  fs::rename(tmp, path);
 }
 
 // A 128-bit content key over several byte strings (each length-prefixed).
@@ -199,7 +190,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
       spdlog::info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
       const auto tt = Clock::now();
       model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
-      write_file(out.tokenizer_path, model_bytes);
+      write_file_atomic(out.tokenizer_path, model_bytes);
       spdlog::info("tokenizer trained in {:.2f} s -> {}", seconds_since(tt), out.tokenizer_path);
     }
   }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "minimind/util/atomic_file.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -211,12 +213,8 @@ std::string render_report(const RunLogs& logs) {
 }
 
 std::string write_report(const std::string& run_dir) {
-  const std::string path = run_dir + "/report.html", tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << render_report(read_run_logs(run_dir));
-  }
-  std::filesystem::rename(tmp, path);
+  const std::string path = run_dir + "/report.html";
+  write_file_atomic(path, render_report(read_run_logs(run_dir)));
   return path;
 }
 

@@ -1,5 +1,7 @@
 #include "minimind/model/weights_io.h"
 
+#include "minimind/util/atomic_file.h"
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -16,24 +18,12 @@ NamedTensors state_dict(const MiniMindForCausalLM& model) {
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw WeightsError("cannot write '" + tmp + "'");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) throw WeightsError("writing '" + tmp + "' failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw WeightsError("cannot rename '" + tmp + "' to '" + path + "'");
-}
-
 void save_weights(const MiniMindForCausalLM& model, const std::string& path, torch::Dtype dtype) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : state_dict(model))
     dict.insert(name, t.detach().to(dtype).contiguous().clone());
-  write_file_atomic(path, torch::pickle_save(c10::IValue(dict)));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
 }
 
 c10::IValue read_pickle(const std::string& path) {

@@ -39,7 +39,4 @@ NamedTensors read_tensor_dict(const std::string& path);
 // Reads a torch.save'd object of any kind (nested dicts of tensors, numbers, strings).
 c10::IValue read_pickle(const std::string& path);
 
-// Writes bytes to path + ".tmp", flushes, then renames over path.
-void write_file_atomic(const std::string& path, const std::vector<char>& bytes);
-
 }  // namespace minimind

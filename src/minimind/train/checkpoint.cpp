@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "minimind/model/weights_io.h"
+#include "minimind/util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -77,7 +78,8 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
       std::lock_guard<std::mutex> lock(gen.mutex());
       rng = gen.get_state();
     }
-    write_file_atomic((tmp / "rng.pt").string(), torch::pickle_save(rng));
+    const std::vector<char> bytes = torch::pickle_save(rng);
+    write_file_atomic((tmp / "rng.pt").string(), std::string_view(bytes.data(), bytes.size()));
   }
   written("rng.pt");
   nlohmann::json j = {{"format_version", kCheckpointVersion},

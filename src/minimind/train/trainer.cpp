@@ -24,6 +24,7 @@
 #include "minimind/train/routing_metrics.h"
 #include "minimind/train/run_log.h"
 #include "minimind/train/train_step.h"
+#include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 
 namespace fs = std::filesystem;
@@ -103,16 +104,6 @@ std::string duration(double s) {
   return fmt::format("{}s", t);
 }
 
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw TrainError("cannot write " + tmp.string());
-  }
-  fs::rename(tmp, path);
-}
-
 // Per MoE layer: expert counts summed over a window of steps.
 using LayerCounts = std::vector<std::vector<int64_t>>;
 
@@ -153,7 +144,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
       spdlog::warn("resuming with a changed setting: {}", d);
     spdlog::info("resuming {} from step {} ({} tokens seen)", *checkpoint, state.step, state.tokens);
   }
-  write_text_atomic(fs::path(run_dir) / "config.yaml", config_to_yaml(cfg));
+  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
   state.config_yaml = config_to_yaml(cfg);
 
   const int threads = cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
