@@ -68,8 +68,6 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
   for (const auto& s : series) {
     std::string pts;
     for (const auto& [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    const char* shape = s.points.size() == 1 ? "" : "";
-    (void)shape;
     svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>", pts, s.color);
     if (s.points.size() <= 12)  // few points (evaluations): show them
       for (const auto& [x, y] : s.points)
