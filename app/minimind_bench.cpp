@@ -62,17 +62,13 @@ int main(int argc, char** argv) {
   cfg.model.use_moe = preset != "dense";
   cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
   validate_and_resolve(cfg);
-  const int n_threads = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
-
-  // The machine's fp32 matmul peak: all cores in OpenBLAS, as large a GEMM as it likes.
-  torch::set_num_threads(n_threads);
+  // The machine's fp32 matmul peak: all cores in OpenBLAS, as large a GEMM as it likes;
+  // then the trainer's thread policy (use_threads), unless --blas-threads overrides it.
+  const int n_threads = use_threads(threads);
   set_blas_threads(n_threads);
   const double peak = check_blas(1536).gflops;
-  if (blas_threads > 0) {
-    set_blas_threads(blas_threads);
-  } else if (n_threads > 1) {
-    set_blas_threads(1);  // the trainer's setting (README, BLAS and threads)
-  }
+  use_threads(threads);
+  if (blas_threads > 0) set_blas_threads(blas_threads);
 
   torch::manual_seed(0);
   MiniMindForCausalLM model(cfg.model);

@@ -146,10 +146,7 @@ int main(int argc, char** argv) {
       spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");
       return 2;
     }
-    const int threads = a.threads > 0 ? static_cast<int>(a.threads)
-                                      : static_cast<int>(std::thread::hardware_concurrency());
-    torch::set_num_threads(std::max(1, threads));
-    if (threads > 1) minimind::set_blas_threads(1);
+    minimind::use_threads(a.threads);
     const bool generating = !a.prompt.empty();
     minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer, generating || !a.data.empty());
     spdlog::info("loaded {}", m.weights);

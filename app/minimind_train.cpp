@@ -9,6 +9,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/train/checkpoint.h"
 #include "minimind/train/trainer.h"
+#include "minimind/util/blas_check.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"minimind-train: train a MiniMind language model (dense or MoE) from a YAML config"};
@@ -40,8 +41,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_only) {
-      minimind::prepare_data(cfg.data, cfg.model.vocab_size,
-                             cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads) : 2);
+      minimind::prepare_data(cfg.data, cfg.model.vocab_size, minimind::use_threads(cfg.run.threads));
       return 0;
     }
     minimind::TrainResult r = minimind::train(cfg, {out_dir, resume, overwrite, {}});

@@ -146,11 +146,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
   state.config_yaml = config_to_yaml(cfg);
 
-  const int threads = cfg.run.threads > 0 ? static_cast<int>(cfg.run.threads)
-                                          : static_cast<int>(std::thread::hardware_concurrency());
-  torch::set_num_threads(std::max(1, threads));
-  // torch's OpenMP threads already fill the cores: OpenBLAS's own pthreads would fight them.
-  if (threads > 1) set_blas_threads(1);
+  const int threads = use_threads(cfg.run.threads);
 
   // ---- 2. Data (prepared once, cached by content) and a self-contained run directory.
   PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, threads);

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace minimind {
 
@@ -33,6 +34,14 @@ bool set_blas_threads(int n) {
   if (!fn) return false;
   fn(n);
   return true;
+}
+
+int use_threads(int64_t requested) {
+  const int n = requested > 0 ? static_cast<int>(requested)
+                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  torch::set_num_threads(n);
+  if (n > 1) set_blas_threads(1);
+  return n;
 }
 
 BlasReport check_blas(int64_t n) {

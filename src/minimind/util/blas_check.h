@@ -24,6 +24,11 @@ std::string loaded_blas_library();
 // made training ~30% faster and stable (README, "BLAS and threads").
 bool set_blas_threads(int n);
 
+// The thread policy of every command: `requested` torch (OpenMP) threads, 0 = one per
+// core; with more than one, OpenBLAS gets one thread (see set_blas_threads). Returns the
+// number of torch threads set.
+int use_threads(int64_t requested);
+
 // Below this, a matmul-bound trainer is unusable; OpenBLAS gives 90-140 GFLOP/s here.
 constexpr double kMinSaneGflops = 20.0;
 
