@@ -15,6 +15,7 @@
 #include "minimind/model/minimind_model.h"
 #include "minimind/optim.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/malloc_tuning.h"
 
 namespace {
 
@@ -44,15 +45,18 @@ double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
 int main(int argc, char** argv) {
   CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
   std::string preset = "moe-top1";
-  int steps = 12, warmup = 3, threads = 0, blas_threads = 0;
-  bool json = false;
+  int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
+  bool json = false, default_malloc = false;
   app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
   app.add_option("--steps", steps, "measured steps (median over them)");
   app.add_option("--warmup", warmup, "steps before measuring");
-  app.add_option("--threads", threads, "intra-op threads (0 = one per core)");
+  app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)");
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads while training (0: the trainer's choice)");
+  app.add_option("--torch-threads", torch_threads, "torch intra-op threads (0: the trainer's choice)");
+  app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_flag("--json", json, "one JSON line on stdout");
   CLI11_PARSE(app, argc, argv);
+  if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
 
   using namespace minimind;
   Config cfg = load_config_string(
@@ -62,13 +66,13 @@ int main(int argc, char** argv) {
   cfg.model.use_moe = preset != "dense";
   cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
   validate_and_resolve(cfg);
-  // The machine's fp32 matmul peak: all cores in OpenBLAS, as large a GEMM as it likes;
-  // then the trainer's thread policy (use_threads), unless --blas-threads overrides it.
+  // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
+  // same cores and as large a GEMM as it likes; then --blas-threads, if given.
   const int n_threads = use_threads(threads);
   set_blas_threads(n_threads);
   const double peak = check_blas(1536).gflops;
-  use_threads(threads);
   if (blas_threads > 0) set_blas_threads(blas_threads);
+  if (torch_threads > 0) torch::set_num_threads(torch_threads);
 
   torch::manual_seed(0);
   MiniMindForCausalLM model(cfg.model);

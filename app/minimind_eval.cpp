@@ -21,6 +21,7 @@
 #include "minimind/train/checkpoint.h"
 #include "minimind/train/routing_metrics.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/malloc_tuning.h"
 
 namespace {
 
@@ -34,7 +35,7 @@ struct Args {
   minimind::GenerateOptions gen;
 };
 
-int evaluate_command(const Args& a, minimind::EvalModel& m) {
+int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   using namespace minimind;
   const Config& cfg = m.config;
   std::optional<TokenFile> docs;
@@ -44,7 +45,7 @@ int evaluate_command(const Args& a, minimind::EvalModel& m) {
     if (!m.tokenizer) throw TokenizerError("--data needs a tokenizer: pass --tokenizer FILE.model");
     docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
   } else {
-    PreparedData d = prepare_data(cfg.data, cfg.model.vocab_size, static_cast<int>(torch::get_num_threads()));
+    PreparedData d = prepare_data(cfg.data, cfg.model.vocab_size, threads);
     if (d.val_path.empty() || d.val_docs == 0)
       throw DataError("the run has no validation split; pass --data FILE.jsonl");
     docs = TokenFile::open(d.val_path);
@@ -108,6 +109,7 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  minimind::tune_malloc();  // before the first large tensor
   CLI::App app{"minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
   Args a;
   bool no_cache = false;
@@ -146,11 +148,11 @@ int main(int argc, char** argv) {
       spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");
       return 2;
     }
-    minimind::use_threads(a.threads);
+    const int threads = minimind::use_threads(a.threads);
     const bool generating = !a.prompt.empty();
     minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer, generating || !a.data.empty());
     spdlog::info("loaded {}", m.weights);
-    if (!generating || !a.data.empty()) evaluate_command(a, m);
+    if (!generating || !a.data.empty()) evaluate_command(a, m, threads);
     if (generating) generate_command(a, m);
     return 0;
   } catch (const std::exception& e) {

@@ -10,8 +10,10 @@
 #include "minimind/train/checkpoint.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/malloc_tuning.h"
 
 int main(int argc, char** argv) {
+  minimind::tune_malloc();  // before the first large tensor
   CLI::App app{"minimind-train: train a MiniMind language model (dense or MoE) from a YAML config"};
   std::string config_path, out_dir;
   std::vector<std::string> overrides;

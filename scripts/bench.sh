@@ -13,7 +13,8 @@ trap 'rm -f "$OUT"' EXIT
 for preset in dense moe-top1 moe-top2; do
   for r in $(seq 1 "$REPEATS"); do
     ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" --json >> "$OUT"
-    /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" >> "$OUT"
+    /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
+    /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind >> "$OUT"
   done
 done
 /usr/bin/python3 - "$OUT" "$THREADS" "$REPEATS" <<'PY'
@@ -21,19 +22,20 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32; "
       f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
-print(f"{'preset':9} {'impl':8} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
+print(f"{'preset':9} {'impl':16} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
 res = {}
 for preset in ["dense", "moe-top1", "moe-top2"]:
-    for impl in ["cpp", "pytorch"]:
+    for impl in ["cpp", "pytorch", "pytorch-minimind"]:
         rs = [r for r in rows if r["preset"] == preset and r["impl"] == impl]
         med = lambda k: statistics.median(r[k] for r in rs)
         tok = [r["tok_s"] for r in rs]
         res[(preset, impl)] = med("tok_s")
         gen = med("gen_tok_s") if rs[0]["gen_tok_s"] is not None else None
-        print(f"{preset:9} {impl:8} {med('tok_s'):7.0f} {min(tok):5.0f}-{max(tok):<6.0f} {med('step_ms'):8.0f} "
+        print(f"{preset:9} {impl:16} {med('tok_s'):7.0f} {min(tok):5.0f}-{max(tok):<6.0f} {med('step_ms'):8.0f} "
               f"{med('fwd_ms'):6.0f} {med('bwd_ms'):6.0f} {med('opt_ms'):6.0f} {max(r['peak_rss_mb'] for r in rs):7.0f} "
               f"{100 * med('mfu'):5.1f}% {('%9.0f' % gen) if gen else '      n/a'}")
 for preset in ["dense", "moe-top1", "moe-top2"]:
-    print(f"{preset}: C++ / PyTorch = {res[(preset, 'cpp')] / res[(preset, 'pytorch')]:.2f}x")
+    print(f"{preset}: C++ / PyTorch = {res[(preset, 'cpp')] / res[(preset, 'pytorch')]:.2f}x (same threads), "
+          f"{res[(preset, 'cpp')] / res[(preset, 'pytorch-minimind')]:.2f}x (MiniMind's thread defaults)")
 print(f"MoE top-1 step / dense step (C++) = {res[('dense', 'cpp')] / res[('moe-top1', 'cpp')]:.2f}")
 PY

@@ -3,7 +3,10 @@
 measured like minimind-bench: median step time over the measured steps, fwd/bwd/optimizer
 split, peak RSS, MFU against an fp32 matmul peak measured in this process.
 
-Usage: bench.py PRESET THREADS [STEPS] [WARMUP]   (prints one JSON line)
+Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY]   (prints one JSON line)
+POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS);
+"minimind": what MiniMind's scripts get (torch THREADS, OpenBLAS's own default of one
+thread per core).
 """
 import ctypes
 import json
@@ -40,11 +43,10 @@ def main():
     preset, threads = sys.argv[1], int(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 12
     warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-    torch.set_num_threads(threads)
+    policy = sys.argv[5] if len(sys.argv) > 5 else "same"
     set_blas_threads(threads)
     peak = peak_gflops()
-    if threads > 1:
-        set_blas_threads(1)  # the same BLAS setting as the C++ side
+    torch.set_num_threads(1 if policy == "same" else threads)
     cfg = MiniMindConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                          vocab_size=6400, max_position_embeddings=32768, use_moe=preset != "dense",
                          num_experts=4, num_experts_per_tok=2 if preset == "moe-top2" else 1,
@@ -82,7 +84,7 @@ def main():
     flops = 6 * (L * (attn + ffn) + H * V) + 12 * L * 256 * 8 * d
     tok_s = 8 * 256 / step
     print(json.dumps({
-        "impl": "pytorch", "preset": preset, "threads": threads, "tok_s": round(tok_s, 1),
+        "impl": "pytorch" if policy == "same" else "pytorch-" + policy, "preset": preset, "threads": threads, "tok_s": round(tok_s, 1),
         "tok_s_min": round(min(rates), 1), "tok_s_max": round(max(rates), 1), "step_ms": round(1e3 * step, 1),
         "fwd_ms": round(1e3 * median(fwd), 1), "bwd_ms": round(1e3 * median(bwd), 1),
         "opt_ms": round(1e3 * median(optim), 1),

@@ -19,15 +19,18 @@ BlasReport check_blas(int64_t n = 384);
 std::string loaded_blas_library();
 
 // Sets OpenBLAS's own thread count (no-op for another BLAS); returns false if the loaded
-// BLAS has no such control. With torch's OpenMP threads already using every core,
-// OpenBLAS's extra pthreads only compete with them: on this 2-core machine one BLAS thread
-// made training ~30% faster and stable (README, "BLAS and threads").
+// BLAS has no such control.
 bool set_blas_threads(int n);
 
-// The thread policy of every command: `requested` torch (OpenMP) threads, 0 = one per
-// core; with more than one, OpenBLAS gets one thread (see set_blas_threads). Returns the
-// number of torch threads set.
-int use_threads(int64_t requested);
+// The thread policy of every command, for `requested` cores (0 = the machine's cores
+// divided among the `local_ranks` processes of a multi-process job on it): with
+// OpenBLAS loaded, OpenBLAS gets all of them and torch's OpenMP pool one thread; with any
+// other BLAS, torch gets them. Why: matmuls are ~80 % of a step and OpenBLAS splits them
+// well, while torch's OpenMP threads spin-wait after each parallel region and take the
+// cores from OpenBLAS's threads. Measured with minimind-bench on 2 cores (README, "BLAS and
+// threads"): torch 2 + BLAS 2 1,275 tok/s, torch 2 + BLAS 1 ~1,650-1,850, torch 1 + BLAS 2
+// ~2,100-2,250. Returns the number of cores used.
+int use_threads(int64_t requested, int64_t local_ranks = 1);
 
 // Below this, a matmul-bound trainer is unusable; OpenBLAS gives 90-140 GFLOP/s here.
 constexpr double kMinSaneGflops = 20.0;
