@@ -6,6 +6,7 @@
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
 #include "minimind/data/tokenizer.h"
+#include "minimind/dist/distributed.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/train/checkpoint.h"
 #include "minimind/train/trainer.h"
@@ -46,9 +47,19 @@ int main(int argc, char** argv) {
       minimind::prepare_data(cfg.data, cfg.model.vocab_size, minimind::use_threads(cfg.run.threads));
       return 0;
     }
-    minimind::TrainResult r = minimind::train(cfg, {out_dir, resume, overwrite, {}});
+    // torchrun's variables (RANK, WORLD_SIZE, ...) make this one rank of a job.
+    const minimind::DistEnv env = minimind::dist_env_from_environment();
+    std::unique_ptr<minimind::Distributed> dist;
+    if (env.world_size > 1) {
+      spdlog::info("rank {} of {} (local {} of {}): joining {}:{}", env.rank, env.world_size, env.local_rank,
+                   env.local_world_size, env.master_addr, env.master_port);
+      dist = std::make_unique<minimind::Distributed>(env, std::chrono::seconds(cfg.run.dist_timeout));
+    }
+    minimind::TrainResult r = minimind::train(cfg, {out_dir, resume, overwrite, {}, dist.get()});
     if (r.interrupted) return 128 + r.signal;  // 130 for Ctrl-C, 143 for SIGTERM
     return 0;
+  } catch (const minimind::DistError& e) {
+    spdlog::error("{}", e.what());
   } catch (const minimind::ConfigError& e) {
     spdlog::error("{}", e.what());
   } catch (const minimind::DataError& e) {

@@ -9,7 +9,7 @@ PACKAGES=(
   # C++ libraries
   libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev
-  nlohmann-json3-dev libxxhash-dev
+  nlohmann-json3-dev libxxhash-dev libgloo-dev
   # An optimised BLAS: Debian's default libblas.so.3 is the reference BLAS (~4 GFLOP/s
   # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See README "BLAS".
   libopenblas0-pthread

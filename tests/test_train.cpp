@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include "minimind/config.h"
@@ -21,6 +22,7 @@
 #include "minimind/train/routing_metrics.h"
 #include "minimind/train/train_step.h"
 #include "minimind/train/trainer.h"
+#include "minimind/dist/distributed.h"
 
 using namespace minimind;
 namespace fs = std::filesystem;
@@ -199,16 +201,26 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
               "max |grad diff| (fp32) %.3g\n", params64, grads32);
 }
 
+// A tiny model, its optimizer and a state to checkpoint, in a fresh directory.
+struct CheckpointSetup {
+  explicit CheckpointSetup(const std::string& name) : dir(temp_dir(name)), cfg(tiny_config(dir)) {
+    torch::manual_seed(1);
+    model = MiniMindForCausalLM(cfg.model);
+    init_weights(model);
+    opt = make_optimizer(model->parameters(), cfg.train);
+    state.config_yaml = config_to_yaml(cfg);
+  }
+  std::string dir;
+  Config cfg;
+  MiniMindForCausalLM model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  TrainState state;
+};
+
 TEST(Checkpoint, CrashWhileWritingLeavesPreviousLoadable) {
-  const std::string dir = temp_dir("ckcrash");
-  Config cfg = tiny_config(dir);
-  torch::manual_seed(1);
-  MiniMindForCausalLM model(cfg.model);
-  init_weights(model);
-  auto opt = make_optimizer(model->parameters(), cfg.train);
-  TrainState s;
+  CheckpointSetup c("ckcrash");
+  auto& [dir, cfg, model, opt, s] = c;
   s.step = 3;
-  s.config_yaml = config_to_yaml(cfg);
   save_checkpoint(dir, model, *opt, s, 3);
   torch::Tensor before = model->named_parameters()["model.norm.weight"].clone();
   {
@@ -231,13 +243,9 @@ TEST(Checkpoint, CrashWhileWritingLeavesPreviousLoadable) {
 }
 
 TEST(Checkpoint, IncompleteAndWrongVersionAreRefusedWithHint) {
-  const std::string dir = temp_dir("ckbad");
-  Config cfg = tiny_config(dir);
-  MiniMindForCausalLM model(cfg.model);
-  auto opt = make_optimizer(model->parameters(), cfg.train);
-  TrainState s;
+  CheckpointSetup c("ckbad");
+  auto& [dir, cfg, model, opt, s] = c;
   s.step = 1;
-  s.config_yaml = config_to_yaml(cfg);
   const std::string path = save_checkpoint(dir, model, *opt, s, 3);
   fs::remove(path + "/optimizer.pt");
   try {
@@ -259,13 +267,26 @@ TEST(Checkpoint, IncompleteAndWrongVersionAreRefusedWithHint) {
   }
 }
 
+TEST(Checkpoint, DataPositionInRowsAndOlderBatchCounts) {
+  CheckpointSetup c("ckrows");
+  auto& [dir, cfg, model, opt, s] = c;
+  s.step = 3;
+  s.loader_rows = 96;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  EXPECT_EQ(read_checkpoint_state(path).loader_rows, 96);
+  // A checkpoint from before rows were stored: a one-process batch count.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path + "/state.json"));
+  j.erase("loader_rows");
+  j["loader_position"] = 12;
+  std::ofstream(path + "/state.json") << j.dump();
+  TrainState old = read_checkpoint_state(path);
+  EXPECT_EQ(old.loader_rows, -1);
+  EXPECT_EQ(old.loader_batches, 12);
+}
+
 TEST(Checkpoint, KeepsOnlyTheNewest) {
-  const std::string dir = temp_dir("ckkeep");
-  Config cfg = tiny_config(dir);
-  MiniMindForCausalLM model(cfg.model);
-  auto opt = make_optimizer(model->parameters(), cfg.train);
-  TrainState s;
-  s.config_yaml = config_to_yaml(cfg);
+  CheckpointSetup c("ckkeep");
+  auto& [dir, cfg, model, opt, s] = c;
   for (int64_t step : {1, 2, 3, 4}) {
     s.step = step;
     save_checkpoint(dir, model, *opt, s, 2);
@@ -409,4 +430,89 @@ TEST(Trainer, CollapseEventsAreLogged) {
   Config quiet = tiny_config(dir, {"log.interval=1", "train.max_steps=3"});
   train(quiet, {dir + "/default", false, false, {}});
   EXPECT_TRUE(read_jsonl(dir + "/default/events.jsonl").empty());
+}
+
+// ---- Multi-process set-up: torchrun's variables, and a world of one doing nothing.
+
+namespace {
+// Sets the torchrun variables for one test and restores the environment afterwards.
+class TorchrunEnv {
+ public:
+  explicit TorchrunEnv(std::map<std::string, std::string> vars) {
+    for (const char* k : kNames) unsetenv(k);
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~TorchrunEnv() {
+    for (const char* k : kNames) unsetenv(k);
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                           "MASTER_ADDR", "MASTER_PORT"};
+};
+
+std::string dist_error(std::map<std::string, std::string> vars) {
+  TorchrunEnv env(std::move(vars));
+  try {
+    minimind::dist_env_from_environment();
+  } catch (const minimind::DistError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(DistEnv, NoVariablesIsOneProcess) {
+  TorchrunEnv env({});
+  minimind::DistEnv d = minimind::dist_env_from_environment();
+  EXPECT_EQ(d.world_size, 1);
+  EXPECT_EQ(d.rank, 0);
+}
+
+TEST(DistEnv, ReadsTorchrunVariables) {
+  TorchrunEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29511"}});
+  minimind::DistEnv d = minimind::dist_env_from_environment();
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.world_size, 4);
+  EXPECT_EQ(d.local_rank, 1);
+  EXPECT_EQ(d.local_world_size, 2);
+  EXPECT_EQ(d.master_addr, "10.0.0.7");
+  EXPECT_EQ(d.master_port, 29511);
+}
+
+TEST(DistEnv, LocalVariablesDefaultToAllRanksOnThisMachine) {
+  TorchrunEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  minimind::DistEnv d = minimind::dist_env_from_environment();
+  EXPECT_EQ(d.local_world_size, 2);
+  EXPECT_EQ(d.local_rank, 1);
+}
+
+TEST(DistEnv, MissingOrBadVariablesAreNamed) {
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}).find("MASTER_ADDR"),
+            std::string::npos);
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("MASTER_PORT"),
+            std::string::npos);
+  EXPECT_NE(dist_error({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).find("RANK is not set"),
+            std::string::npos);
+  EXPECT_NE(dist_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
+                .find("RANK='2'"),
+            std::string::npos);
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "two"}}).find("WORLD_SIZE='two'"), std::string::npos);
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+                .find("MASTER_PORT='70000'"),
+            std::string::npos);
+}
+
+TEST(Distributed, WorldOfOneLeavesTensorsAlone) {
+  minimind::Distributed one;
+  torch::Tensor t = torch::arange(4, torch::kFloat32);
+  one.all_reduce_sum(t);
+  one.all_reduce_max(t);
+  EXPECT_TRUE(torch::equal(t, torch::arange(4, torch::kFloat32)));
+  torch::Tensor p = torch::ones({3}, torch::requires_grad());
+  p.mutable_grad() = torch::full({3}, 2.0);
+  one.average_gradients({p});
+  EXPECT_TRUE(torch::equal(p.grad(), torch::full({3}, 2.0)));
+  EXPECT_EQ(one.comm_seconds(), 0.0);
 }

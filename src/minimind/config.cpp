@@ -27,6 +27,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(run, name),
       MM_FIELD(run, seed),
       MM_FIELD(run, threads),
+      MM_FIELD(run, dist_timeout),
       MM_FIELD(model, hidden_size),
       MM_FIELD(model, num_hidden_layers),
       MM_FIELD(model, num_attention_heads),
@@ -207,6 +208,7 @@ void validate_run(const Checker& c, const RunConfig& r) {
                        "the run directory), got \"" + r.name + "\"");
   c.non_negative("run.seed", r.seed);
   c.non_negative("run.threads", r.threads);
+  c.positive("run.dist_timeout", r.dist_timeout);
 }
 
 }  // namespace

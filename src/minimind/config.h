@@ -15,7 +15,10 @@ namespace minimind {
 struct RunConfig {
   std::string name = "minimind";
   int64_t seed = 1337;
-  int64_t threads = 0;  // 0: one per core
+  int64_t threads = 0;  // 0: one per core (per rank: cores / LOCAL_WORLD_SIZE)
+  // Multi-process runs: seconds a rank waits for the others (start-up, each collective)
+  // before the job stops with an error naming the failed step.
+  int64_t dist_timeout = 600;
 };
 
 // Field names and defaults are MiniMind's MiniMindConfig (docs/minimind-spec.md).

@@ -11,10 +11,18 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Ten
   return std::make_unique<torch::optim::AdamW>(params, options);
 }
 
-double finish_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
+void fill_missing_gradients(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
   }
+}
+
+double finish_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
+  fill_missing_gradients(params);
+  return clip_gradients(params, max_norm);
+}
+
+double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
   if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
   torch::NoGradGuard no_grad;
   torch::Tensor sq = torch::zeros({}, torch::kFloat64);

@@ -14,9 +14,15 @@ namespace minimind {
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Tensor>& params,
                                                     const TrainConfig& cfg);
 
-// Gives every parameter without a gradient a zero one (MiniMind's graph always reaches
-// every parameter, so AdamW must decay and count all of them), clips the global grad
-// norm to max_norm (0 = no clipping) and returns the norm before clipping.
+// Gives every parameter without a gradient a zero one: MiniMind's graph always reaches
+// every parameter, so AdamW must decay and count all of them (and a multi-process
+// all-reduce needs the same tensors on every rank).
+void fill_missing_gradients(const std::vector<torch::Tensor>& params);
+
+// Clips the global grad norm to max_norm (0 = no clipping); returns the norm before.
+double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm);
+
+// Both, as one process does at the end of an optimizer step's micro-batches.
 double finish_gradients(const std::vector<torch::Tensor>& params, double max_norm);
 
 }  // namespace minimind

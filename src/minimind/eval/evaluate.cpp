@@ -7,7 +7,7 @@
 namespace minimind {
 
 EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs) {
+                    int64_t batch_size, int64_t max_docs, int64_t rank, int64_t world) {
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;
@@ -15,7 +15,7 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   const int64_t n = max_docs < 0 ? static_cast<int64_t>(docs.num_docs())
                                  : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
   double loss_sum = 0;
-  for (int64_t first = 0; first < n; first += batch_size) {
+  for (int64_t first = rank * batch_size; first < n; first += world * batch_size) {
     const int64_t B = std::min(batch_size, n - first);
     // Rows are only as long as the longest document of the batch needs.
     int64_t L = 2;
@@ -42,6 +42,7 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
       for (int64_t e = 0; e < c.numel(); ++e) acc[e] += c[e].item<int64_t>();
     }
   }
+  r.loss_sum = loss_sum;
   r.loss = r.tokens > 0 ? loss_sum / r.tokens : NAN;
   r.ppl = std::exp(r.loss);
   model->train(was_training);

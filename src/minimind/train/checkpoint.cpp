@@ -85,7 +85,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
   nlohmann::json j = {{"format_version", kCheckpointVersion},
                       {"step", state.step},
                       {"tokens", state.tokens},
-                      {"loader_position", state.loader_position},
+                      {"loader_rows", state.loader_rows},
                       {"elapsed_seconds", state.elapsed_seconds},
                       {"config", state.config_yaml}};
   {
@@ -133,7 +133,12 @@ TrainState read_checkpoint_state(const std::string& dir) {
   TrainState s;
   s.step = j.at("step").get<int64_t>();
   s.tokens = j.at("tokens").get<int64_t>();
-  s.loader_position = j.at("loader_position").get<int64_t>();
+  if (j.contains("loader_rows")) {
+    s.loader_rows = j.at("loader_rows").get<int64_t>();
+  } else {
+    s.loader_rows = -1;
+    s.loader_batches = j.at("loader_position").get<int64_t>();
+  }
   s.elapsed_seconds = j.at("elapsed_seconds").get<double>();
   s.config_yaml = j.at("config").get<std::string>();
   return s;

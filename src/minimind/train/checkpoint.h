@@ -25,7 +25,11 @@ class CheckpointError : public std::runtime_error {
 struct TrainState {
   int64_t step = 0;             // optimizer steps done
   int64_t tokens = 0;           // training tokens seen
-  int64_t loader_position = 0;  // batches drawn by the sampler
+  // Rows of the global data stream drawn so far (all ranks), so a run can resume under
+  // another rank count or batch size. Checkpoints written before this field existed hold
+  // a one-process batch count instead: then loader_rows is -1 and loader_batches is set.
+  int64_t loader_rows = 0;
+  int64_t loader_batches = -1;
   double elapsed_seconds = 0;   // training time so far
   std::string config_yaml;      // the resolved config of the run
 };

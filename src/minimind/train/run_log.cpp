@@ -7,6 +7,7 @@
 namespace minimind {
 
 JsonlWriter::JsonlWriter(const std::string& path, int64_t keep_until_step) {
+  if (path.empty()) return;
   std::vector<std::string> kept;
   if (keep_until_step >= 0 && std::filesystem::exists(path)) {
     std::ifstream in(path);
@@ -22,6 +23,7 @@ JsonlWriter::JsonlWriter(const std::string& path, int64_t keep_until_step) {
 }
 
 void JsonlWriter::write(const nlohmann::json& record) {
+  if (!out_.is_open()) return;
   out_ << record.dump() << "\n";
   out_.flush();
 }

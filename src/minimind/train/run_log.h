@@ -16,6 +16,7 @@ class JsonlWriter {
  public:
   // On resume, lines with "step" > keep_until_step are dropped first (they were logged
   // after the checkpoint the run continues from). keep_until_step < 0: start empty.
+  // An empty path writes nothing (ranks other than 0 of a multi-process run).
   JsonlWriter(const std::string& path, int64_t keep_until_step);
   void write(const nlohmann::json& record);  // one line, flushed
 

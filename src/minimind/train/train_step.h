@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "minimind/data/batcher.h"
+#include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 
 namespace minimind {
@@ -20,13 +21,18 @@ struct StepStats {
   std::vector<std::vector<int64_t>> counts;     // per MoE layer: expert counts, summed
   int64_t tokens = 0;                           // input tokens of all micro-batches
   bool finite = true;                           // false: nothing was applied
+  double comm_seconds = 0;                      // in all-reduces (multi-process runs)
 };
 
 // Sets the learning rate, runs the micro-batches and, if loss and gradient norm are
 // finite, clips and steps (then zeroes the gradients). A non-finite step changes no
 // parameter, so the caller can stop with the last good state intact.
+// With `dist` (several ranks): after the last micro-batch the gradients are averaged over
+// the ranks (once per optimizer step, as DDP with no_sync does), losses and aux losses are
+// averaged and expert counts and tokens summed, so every rank returns the same StepStats
+// and takes the same step.
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr);
+                         double grad_clip, double lr, Distributed* dist = nullptr);
 
 }  // namespace minimind

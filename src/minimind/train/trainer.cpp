@@ -60,13 +60,21 @@ class SignalGuard {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-// Console + run_dir/train.log for the duration of the run.
+// Console + run_dir/train.log for the duration of the run. Ranks other than 0 of a
+// multi-process run print only warnings and errors, tagged with their rank.
 class LoggerGuard {
  public:
-  LoggerGuard(const std::string& run_dir, bool append) : previous_(spdlog::default_logger()) {
+  LoggerGuard(const std::string& run_dir, bool append, int rank) : previous_(spdlog::default_logger()) {
     auto console = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
-    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/train.log", !append);
-    auto logger = std::make_shared<spdlog::logger>("minimind", spdlog::sinks_init_list{console, file});
+    std::shared_ptr<spdlog::logger> logger;
+    if (rank == 0) {
+      auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/train.log", !append);
+      logger = std::make_shared<spdlog::logger>("minimind", spdlog::sinks_init_list{console, file});
+    } else {
+      logger = std::make_shared<spdlog::logger>("minimind", console);
+      logger->set_level(spdlog::level::warn);
+      logger->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
+    }
     logger->flush_on(spdlog::level::info);
     spdlog::set_default_logger(logger);
   }
@@ -79,7 +87,7 @@ class LoggerGuard {
 // A status line rewritten in place on a terminal (not written to train.log).
 class LiveLine {
  public:
-  LiveLine() : tty_(isatty(STDOUT_FILENO)) {}
+  explicit LiveLine(bool enabled) : tty_(enabled && isatty(STDOUT_FILENO)) {}
   void show(const std::string& text) {
     if (!tty_) return;
     std::fprintf(stdout, "\r\033[K%s", text.c_str());
@@ -106,28 +114,62 @@ std::string duration(double s) {
 // Per MoE layer: expert counts summed over a window of steps.
 using LayerCounts = std::vector<std::vector<int64_t>>;
 
+// Sums one rank's share of an evaluation with the others' (every rank gets the total).
+void reduce_eval_result(EvalResult& ev, const ModelConfig& m, Distributed& dist) {
+  // A rank may have had no batch at all: size the counts from the config, not from ev.
+  const size_t layers = m.use_moe ? static_cast<size_t>(m.num_hidden_layers) : 0;
+  ev.expert_counts.resize(layers);
+  for (auto& c : ev.expert_counts) c.resize(static_cast<size_t>(m.num_experts), 0);
+  torch::Tensor loss = torch::full({1}, ev.loss_sum, torch::kFloat64);
+  dist.all_reduce_sum(loss);
+  std::vector<int64_t> flat{ev.tokens, ev.documents};
+  for (const auto& c : ev.expert_counts) flat.insert(flat.end(), c.begin(), c.end());
+  torch::Tensor sums = torch::tensor(flat, torch::kLong);  // [2 + layers * experts]
+  dist.all_reduce_sum(sums);
+  const int64_t* v = sums.data_ptr<int64_t>();
+  ev.tokens = v[0], ev.documents = v[1];
+  v += 2;
+  for (auto& c : ev.expert_counts)
+    for (auto& x : c) x = *v++;
+  ev.loss_sum = loss.item<double>();
+  ev.loss = ev.tokens > 0 ? ev.loss_sum / ev.tokens : NAN;
+  ev.ppl = std::exp(ev.loss);
+}
+
 }  // namespace
 
 TrainResult train(const Config& cfg, const TrainOptions& options) {
   TrainResult result;
   const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
   result.run_dir = run_dir;
+  Distributed single;  // a world of one when no ranks were given
+  Distributed& dist = options.dist ? *options.dist : single;
+  const bool main_rank = dist.is_main();
 
-  // ---- 1. The run directory: fresh, overwritten, or resumed.
+  // ---- 1. The run directory: fresh, overwritten, or resumed. Only rank 0 writes it; the
+  // others read the checkpoint rank 0 resumes from, after rank 0 has checked the directory.
   std::optional<std::string> checkpoint;
-  if (options.resume) {
-    checkpoint = latest_checkpoint(run_dir);
-    if (!checkpoint)
-      throw TrainError("--resume: no complete checkpoint in '" + run_dir +
-                       "'; run without --resume to start training");
-  } else if (fs::exists(run_dir) && !fs::is_empty(run_dir)) {
-    if (!options.overwrite)
-      throw TrainError("'" + run_dir + "' already holds a run; use --resume to continue it, "
-                       "--overwrite to start it again, or --out DIR for a new directory");
-    fs::remove_all(run_dir);
+  if (main_rank) {
+    if (options.resume) {
+      checkpoint = latest_checkpoint(run_dir);
+      if (!checkpoint)
+        throw TrainError("--resume: no complete checkpoint in '" + run_dir +
+                         "'; run without --resume to start training");
+    } else if (fs::exists(run_dir) && !fs::is_empty(run_dir)) {
+      if (!options.overwrite)
+        throw TrainError("'" + run_dir + "' already holds a run; use --resume to continue it, "
+                         "--overwrite to start it again, or --out DIR for a new directory");
+      fs::remove_all(run_dir);
+    }
+    fs::create_directories(run_dir);
   }
-  fs::create_directories(run_dir);
-  LoggerGuard logger(run_dir, options.resume);
+  dist.barrier();
+  if (!main_rank && options.resume) {
+    checkpoint = latest_checkpoint(run_dir);
+    if (!checkpoint) throw TrainError("--resume: rank " + std::to_string(dist.rank()) +
+                                      " sees no checkpoint in '" + run_dir + "' (not shared with rank 0?)");
+  }
+  LoggerGuard logger(run_dir, options.resume, dist.rank());
 
   TrainState state;
   if (checkpoint) {
@@ -143,20 +185,28 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
       spdlog::warn("resuming with a changed setting: {}", d);
     spdlog::info("resuming {} from step {} ({} tokens seen)", *checkpoint, state.step, state.tokens);
   }
-  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+  if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
   state.config_yaml = config_to_yaml(cfg);
 
-  const int threads = use_threads(cfg.run.threads);
+  const int threads = use_threads(cfg.run.threads, dist.env().local_world_size);
 
   // ---- 2. Data (prepared once, cached by content) and a self-contained run directory.
-  PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, threads);
-  fs::copy_file(data.tokenizer_path, fs::path(run_dir) / "tokenizer.model",
-                fs::copy_options::overwrite_existing);
+  // Rank 0 prepares; the others then find it in the cache.
+  std::optional<PreparedData> prepared;
+  if (main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, threads);
+  dist.barrier();
+  if (!main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, threads);
+  const PreparedData& data = *prepared;
+  if (main_rank)
+    fs::copy_file(data.tokenizer_path, fs::path(run_dir) / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
   TokenFile train_tokens = TokenFile::open(data.train_path);
   std::optional<TokenFile> val_tokens;
   if (!data.val_path.empty() && data.val_docs > 0) val_tokens = TokenFile::open(data.val_path);
+  // Rank r draws global batches r, r + world, ...: a global batch of world x batch_size
+  // rows per micro-step, the same rows for any split of them over ranks.
   BatchSampler sampler(train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
-                       static_cast<uint64_t>(cfg.run.seed));
+                       static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
   BlasReport blas = check_blas();
   if (!blas.ok)
@@ -171,32 +221,47 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   auto optimizer = make_optimizer(model->parameters(), cfg.train);
   if (checkpoint) {
     state = load_checkpoint(*checkpoint, model, *optimizer);
+    const int64_t saved_batch_size = load_config_string(state.config_yaml, *checkpoint).train.batch_size;
     state.config_yaml = config_to_yaml(cfg);
-    sampler.set_position(state.loader_position);
+    // The position is stored in rows of the global stream: continue at the first row not
+    // yet drawn, whatever the rank count and batch size now.
+    const int64_t rows_per_batch = cfg.train.batch_size * dist.world_size();
+    const int64_t rows = state.loader_rows >= 0 ? state.loader_rows : state.loader_batches * saved_batch_size;
+    if (rows % rows_per_batch != 0)
+      spdlog::warn("the checkpoint's data position ({} rows) is not a multiple of {} rows per "
+                   "micro-step; {} rows are skipped", rows, rows_per_batch,
+                   rows_per_batch - rows % rows_per_batch);
+    sampler.set_position((rows + rows_per_batch - 1) / rows_per_batch);
   }
+  dist.broadcast_from_main(model->parameters());  // every rank starts from rank 0's weights
   const ParamCount n = count_parameters(model);
   const ModelConfig& m = cfg.model;
   spdlog::info("model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
-               "{} threads, BLAS {:.0f} GFLOP/s",
+               "{} threads{}, BLAS {:.0f} GFLOP/s",
                m.num_hidden_layers, m.hidden_size,
                m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                          : std::string("dense"),
-               n.total / 1e6, n.active / 1e6, threads, blas.gflops);
+               n.total / 1e6, n.active / 1e6, threads,
+               dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
+               blas.gflops);
 
   const int64_t keep_until = checkpoint ? state.step : -1;
-  JsonlWriter metrics((fs::path(run_dir) / "metrics.jsonl").string(), keep_until);
-  JsonlWriter loads((fs::path(run_dir) / "expert_load.jsonl").string(), keep_until);
-  JsonlWriter events((fs::path(run_dir) / "events.jsonl").string(), keep_until);
+  auto log_path = [&](const char* name) { return main_rank ? (fs::path(run_dir) / name).string() : ""; };
+  JsonlWriter metrics(log_path("metrics.jsonl"), keep_until);
+  JsonlWriter loads(log_path("expert_load.jsonl"), keep_until);
+  JsonlWriter events(log_path("events.jsonl"), keep_until);
   CollapseDetector detector({cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
                              cfg.log.collapse_patience});
 
   const int64_t A = cfg.train.accumulation_steps, T = cfg.train.max_steps;
   const double coef = m.router_aux_loss_coef;
-  LiveLine live;
+  LiveLine live(main_rank);
 
   auto run_eval = [&](int64_t step) {
     const auto t0 = Clock::now();
-    EvalResult ev = evaluate(model, *val_tokens, cfg.data.max_seq_len, cfg.train.batch_size);
+    EvalResult ev = evaluate(model, *val_tokens, cfg.data.max_seq_len, cfg.train.batch_size, -1,
+                             dist.rank(), dist.world_size());
+    if (dist.world_size() > 1) reduce_eval_result(ev, m, dist);
     live.clear();
     spdlog::info("eval step {}: val_loss {:.4f} | ppl {:.2f} | {} tokens of {} documents in {:.1f} s",
                  step, ev.loss, ev.ppl, ev.tokens, ev.documents, seconds_since(t0));
@@ -219,14 +284,15 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   const auto loop_start = Clock::now();
   const int64_t first_step = state.step, first_tokens = state.tokens;
   LayerCounts window;  // counts since the last log line
-  double win_loss = 0, win_lm = 0, win_aux = 0, win_gnorm = 0;
+  double win_loss = 0, win_lm = 0, win_aux = 0, win_gnorm = 0, win_comm = 0;
   int64_t win_steps = 0, win_tokens = 0;
   auto win_start = Clock::now();
 
   while (state.step < T) {
     const double lr = learning_rate_at(state.step, T, cfg.train.learning_rate, cfg.train.warmup_steps);
     StepStats st = optimizer_step(model, *optimizer, [&] { return sampler.next(); }, A,
-                                  cfg.train.grad_clip, lr);
+                                  cfg.train.grad_clip, lr, &dist);
+    result.comm_seconds += st.comm_seconds;
     const double loss = st.loss, lm = st.lm_loss, aux = st.aux_loss, gnorm = st.grad_norm;
     if (!st.finite) {
       live.clear();
@@ -240,7 +306,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     }
     ++state.step;
     state.tokens += st.tokens;
-    state.loader_position = sampler.position();
+    state.loader_rows = sampler.position() * cfg.train.batch_size * dist.world_size();
     result.step_losses.push_back(loss);
     const LayerCounts& step_counts = st.counts;
     const int64_t step_tokens = st.tokens;
@@ -254,7 +320,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
       window[l].resize(step_counts[l].size(), 0);
       for (size_t e = 0; e < step_counts[l].size(); ++e) window[l][e] += step_counts[l][e];
     }
-    win_loss += loss, win_lm += lm, win_aux += aux, win_gnorm += gnorm;
+    win_loss += loss, win_lm += lm, win_aux += aux, win_gnorm += gnorm, win_comm += st.comm_seconds;
     ++win_steps;
     win_tokens += step_tokens;
 
@@ -272,14 +338,17 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
                    "{:.0f} tok/s | ETA {}",
                    state.step, T, win_loss / w, win_lm / w, win_aux / w, lr, win_gnorm / w, tok_s,
                    duration(eta));
-      metrics.write({{"step", state.step}, {"tokens", state.tokens}, {"split", "train"},
-                     {"loss", win_loss / w}, {"lm_loss", win_lm / w}, {"aux_loss", win_aux / w},
-                     {"lr", lr}, {"grad_norm", win_gnorm / w}, {"tok_per_s", tok_s},
-                     {"elapsed", state.elapsed_seconds + elapsed}});
+      nlohmann::json rec = {{"step", state.step}, {"tokens", state.tokens}, {"split", "train"},
+                            {"loss", win_loss / w}, {"lm_loss", win_lm / w}, {"aux_loss", win_aux / w},
+                            {"lr", lr}, {"grad_norm", win_gnorm / w}, {"tok_per_s", tok_s},
+                            {"elapsed", state.elapsed_seconds + elapsed}};
+      if (dist.world_size() > 1) rec["allreduce_ms"] = 1e3 * win_comm / w;
+      metrics.write(rec);
       for (size_t l = 0; l < window.size(); ++l) {
         RoutingMetrics rm = routing_metrics(window[l]);
         spdlog::info("  {}", load_row(static_cast<int64_t>(l), rm));
-        if (auto ev = detector.observe(static_cast<int64_t>(l), state.step, rm)) {
+        auto ev = detector.observe(static_cast<int64_t>(l), state.step, rm);
+        if (ev && main_rank) {
           spdlog::warn("{}", ev->message);
           events.write({{"step", ev->step}, {"event", "collapse"}, {"layer", ev->layer},
                         {"since_step", ev->since_step}, {"expert", ev->expert},
@@ -288,7 +357,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
         }
       }
       window.clear();
-      win_loss = win_lm = win_aux = win_gnorm = 0;
+      win_loss = win_lm = win_aux = win_gnorm = win_comm = 0;
       win_steps = win_tokens = 0;
       win_start = Clock::now();
     }
@@ -297,8 +366,15 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
       win_start = Clock::now();  // evaluation time is not training throughput
     }
 
-    const bool stop = (options.after_step && options.after_step(state.step, model)) || g_stop_signal != 0;
-    if (state.step % cfg.train.checkpoint_interval == 0 || state.step == T || stop) {
+    // Every rank stops at the same step when any of them was asked to (the maximum over
+    // ranks of [stop requested, signal number]).
+    torch::Tensor stop_flags = torch::tensor(
+        {options.after_step && options.after_step(state.step, model) ? 1 : 0, g_stop_signal.load()},
+        torch::kInt32);  // [2]
+    dist.all_reduce_max(stop_flags);
+    const int stop_signal = stop_flags[1].item<int>();
+    const bool stop = stop_flags[0].item<int>() != 0 || stop_signal != 0;
+    if (main_rank && (state.step % cfg.train.checkpoint_interval == 0 || state.step == T || stop)) {
       TrainState snapshot = state;
       snapshot.elapsed_seconds += seconds_since(loop_start);
       const std::string dir = save_checkpoint(run_dir, model, *optimizer, snapshot, cfg.train.keep_checkpoints);
@@ -307,7 +383,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     }
     if (stop) {
       result.interrupted = true;
-      result.signal = g_stop_signal;
+      result.signal = stop_signal;
       live.clear();
       spdlog::warn("stopped at step {}{}; continue with --resume", state.step,
                    result.signal ? fmt::format(" by signal {}", result.signal) : "");
@@ -315,7 +391,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     }
   }
   live.clear();
-  spdlog::info("report {}", write_report(run_dir));
+  if (main_rank) spdlog::info("report {}", write_report(run_dir));
+  dist.barrier();  // the last checkpoint is written before any rank reports success
   result.step = state.step;
   result.tokens = state.tokens;
   result.seconds = seconds_since(loop_start);
@@ -326,6 +403,10 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
                  val_tokens ? fmt::format("; val_loss {:.4f} -> {:.4f}", result.first_val_loss,
                                           result.last_val_loss)
                             : "");
+  if (dist.world_size() > 1)
+    spdlog::info("{} ranks: all-reduce of gradients and statistics {:.1f} ms per step ({:.1f} % of the loop)",
+                 dist.world_size(), 1e3 * result.comm_seconds / std::max<int64_t>(1, state.step - first_step),
+                 100 * result.comm_seconds / std::max(1e-9, result.seconds));
   return result;
 }
 

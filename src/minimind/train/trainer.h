@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "minimind/config.h"
+#include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 
 namespace minimind {
@@ -25,6 +26,9 @@ struct TrainOptions {
   // Called after each optimizer step (tests: to stop, poison weights, or raise a signal);
   // returning true stops the run as SIGINT would (a checkpoint is written first).
   std::function<bool(int64_t step, MiniMindForCausalLM& model)> after_step;
+  // Several ranks (torchrun's variables): data sharded by rank, gradients averaged, only
+  // rank 0 writes the run directory. nullptr: one process.
+  Distributed* dist = nullptr;
 };
 
 struct TrainResult {
@@ -35,7 +39,8 @@ struct TrainResult {
   std::vector<double> step_losses;  // loss (LM + aux) of each step run by this call
   double first_val_loss = 0, last_val_loss = 0;
   double seconds = 0;        // wall time of this call's training loop
-  int64_t tokens = 0;        // training tokens seen in total
+  int64_t tokens = 0;        // training tokens seen in total (all ranks)
+  double comm_seconds = 0;   // in gradient/statistics all-reduces (several ranks)
 };
 
 // Runs (or resumes) training. Throws ConfigError, DataError, CheckpointError or

@@ -1,0 +1,187 @@
+// Compiled without the shared precompiled header: ProcessGroupGloo.hpp is only visible
+// with USE_C10D_GLOO, which must not be defined for the other translation units.
+#define USE_C10D_GLOO 1
+#include "minimind/dist/distributed.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+namespace minimind {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* env_or_null(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = env_or_null(name);
+  if (!v) throw DistError(fmt::format("{} is not set; a multi-process run needs RANK, WORLD_SIZE, "
+                                      "MASTER_ADDR and MASTER_PORT (as torchrun sets them)", name));
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi)
+    throw DistError(fmt::format("{}='{}' is not an integer in [{}, {}]", name, v, lo, hi));
+  return static_cast<int>(x);
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// The network device Gloo uses on this rank: GLOO_SOCKET_IFNAME if set (as in PyTorch),
+// loopback for a job on 127.0.0.1, else the address this machine's hostname resolves to.
+std::shared_ptr<gloo::transport::Device> gloo_device(const DistEnv& env) {
+  if (const char* ifname = env_or_null("GLOO_SOCKET_IFNAME"))
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+struct Distributed::Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+};
+
+DistEnv dist_env_from_environment() {
+  DistEnv env;
+  if (!env_or_null("WORLD_SIZE") && !env_or_null("RANK")) return env;
+  env.world_size = env_int("WORLD_SIZE", 1, 1 << 20);
+  env.rank = env_int("RANK", 0, env.world_size - 1);
+  // torchrun always sets the LOCAL_ pair; other launchers may not: then assume every rank
+  // shares this machine (the safe choice for the threads-per-rank default).
+  env.local_world_size = env_or_null("LOCAL_WORLD_SIZE") ? env_int("LOCAL_WORLD_SIZE", 1, env.world_size)
+                                                         : env.world_size;
+  env.local_rank = env_or_null("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, env.local_world_size - 1)
+                                             : env.rank % env.local_world_size;
+  if (env.world_size > 1) {
+    if (!env_or_null("MASTER_ADDR")) env_int("MASTER_ADDR", 0, 0);  // throws "not set"
+    env.master_addr = std::getenv("MASTER_ADDR");
+    env.master_port = env_int("MASTER_PORT", 1, 65535);
+  }
+  return env;
+}
+
+Distributed::Distributed(const DistEnv& env, std::chrono::milliseconds timeout)
+    : env_(env), timeout_(timeout) {
+  if (env.world_size <= 1) return;
+  group_ = std::make_unique<Group>();
+  try {
+    // Rendezvous: rank 0 serves the store and waits until every rank has connected.
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(env.master_port);
+    so.isServer = env.rank == 0;
+    so.numWorkers = static_cast<size_t>(env.world_size);
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    group_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+#ifdef USE_C10D_NCCL
+    // A CUDA LibTorch: GPUs talk over NCCL (untested here: this machine has no GPU).
+    if (torch::cuda::is_available()) {
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group_->store, env.rank, env.world_size, o);
+      return;
+    }
+#endif
+    auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+    o->devices.push_back(gloo_device(env));
+    o->threads = 2;
+    group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env.rank, env.world_size, o);
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format(
+        "rank {} of {} could not join the job at {}:{} within {} s (is every rank started, and "
+        "the port free?): {}", env.rank, env.world_size, env.master_addr, env.master_port,
+        timeout.count() / 1000.0, e.what()));
+  }
+}
+
+Distributed::Distributed() = default;
+Distributed::~Distributed() = default;
+
+void Distributed::run(const char* what, const std::function<void()>& op) {
+  if (!group_) return;
+  const auto t0 = Clock::now();
+  try {
+    op();
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format(
+        "rank {} of {}: {} failed — another rank stopped, crashed or did not answer within "
+        "{} s; the job stops here (the last checkpoint is intact): {}",
+        env_.rank, env_.world_size, what, timeout_.count() / 1000.0, e.what()));
+  }
+  comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void Distributed::all_reduce_sum(torch::Tensor& t) {
+  run("all-reduce", [&] {
+    std::vector<torch::Tensor> v{t};
+    group_->pg->allreduce(v)->wait();
+  });
+}
+
+void Distributed::all_reduce_max(torch::Tensor& t) {
+  run("all-reduce", [&] {
+    std::vector<torch::Tensor> v{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::MAX;
+    group_->pg->allreduce(v, o)->wait();
+  });
+}
+
+void Distributed::average_gradients(const std::vector<torch::Tensor>& params, int64_t bucket_bytes) {
+  if (!group_) return;
+  torch::NoGradGuard no_grad;
+  // Consecutive parameters of one dtype share a bucket until it holds bucket_bytes.
+  size_t first = 0;
+  while (first < params.size()) {
+    size_t last = first;
+    int64_t bytes = 0;
+    while (last < params.size() && params[last].scalar_type() == params[first].scalar_type() &&
+           (last == first || bytes + params[last].nbytes() <= static_cast<size_t>(bucket_bytes)))
+      bytes += params[last++].nbytes();
+    std::vector<torch::Tensor> grads;
+    for (size_t i = first; i < last; ++i) {
+      if (!params[i].grad().defined())
+        throw DistError("average_gradients: a parameter has no gradient (fill_missing_gradients first)");
+      grads.push_back(params[i].grad().reshape({-1}));
+    }
+    torch::Tensor flat = torch::cat(grads);  // [sum of numel]
+    all_reduce_sum(flat);
+    flat.div_(env_.world_size);
+    int64_t offset = 0;
+    for (size_t i = first; i < last; ++i) {
+      torch::Tensor g = params[i].mutable_grad();
+      g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+      offset += g.numel();
+    }
+    first = last;
+  }
+}
+
+void Distributed::broadcast_from_main(const std::vector<torch::Tensor>& tensors) {
+  run("broadcast", [&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& t : tensors) {
+      std::vector<torch::Tensor> v{t.detach()};
+      group_->pg->broadcast(v)->wait();
+    }
+  });
+}
+
+void Distributed::barrier() {
+  run("barrier", [&] { group_->pg->barrier()->wait(); });
+}
+
+}  // namespace minimind
