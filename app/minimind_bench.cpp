@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <thread>
+
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "minimind/config.h"
 #include "minimind/eval/generate.h"
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   std::string preset = "moe-top1";
   int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
   bool json = false, default_malloc = false;
+  std::string profile;
   app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
   app.add_option("--steps", steps, "measured steps (median over them)");
   app.add_option("--warmup", warmup, "steps before measuring");
@@ -54,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--blas-threads", blas_threads, "OpenBLAS threads while training (0: the trainer's choice)");
   app.add_option("--torch-threads", torch_threads, "torch intra-op threads (0: the trainer's choice)");
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
+  app.add_option("--profile", profile, "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_flag("--json", json, "one JSON line on stdout");
   CLI11_PARSE(app, argc, argv);
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
@@ -84,6 +89,9 @@ int main(int argc, char** argv) {
 
   std::vector<double> fwd, bwd, optim, total;
   for (int s = 0; s < warmup + steps; ++s) {
+    // The legacy autograd profiler records every op of the step, forward and backward.
+    std::optional<torch::autograd::profiler::RecordProfile> trace;
+    if (!profile.empty() && s == warmup) trace.emplace(profile);
     auto t0 = Clock::now();
     ForwardOutput out = model(ids, ids);
     torch::Tensor loss = out.loss + out.aux_loss;
@@ -97,6 +105,10 @@ int main(int argc, char** argv) {
     opt->zero_grad();
     const double o = since(t2);
     if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
+    if (trace) {
+      trace.reset();  // writes the file
+      spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile, s + 1);
+    }
   }
   const double step = median(total);
   const double tok_s = B * T / step;
