@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
     auto t2 = Clock::now();
     finish_gradients(model->parameters(), 1.0);
     opt->step();
-    opt->zero_grad();
+    clear_gradients(model->parameters());
     const double o = since(t2);
     if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
     if (trace) {

@@ -24,6 +24,7 @@
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/optim.h"
+#include "minimind/train/train_step.h"
 
 using namespace minimind;
 
@@ -137,14 +138,12 @@ TEST_P(Parity, MatchesReference) {
     auto opt = make_optimizer(params, tc);
     torch::Tensor ref_losses = fx.at("step_losses").toTensor();
     double d_steps = 0;
+    clear_gradients(params);  // the gradient check above left its gradients
     for (int64_t s = 0; s < ref_losses.size(0); ++s) {
-      opt->zero_grad();
-      ForwardOutput o = model(ids, labels);
-      torch::Tensor total = o.loss + o.aux_loss;
-      total.backward();
-      finish_gradients(params, tc.grad_clip);
-      opt->step();
-      const double d = std::abs(total.item<double>() - ref_losses[s].item<double>());
+      // The trainer's own step: backward, fill, clip, AdamW, clear_gradients.
+      StepStats st = optimizer_step(model, *opt, [&] { return Batch{ids, labels}; }, 1, tc.grad_clip,
+                                    tc.learning_rate);
+      const double d = std::abs(st.loss - ref_losses[s].item<double>());
       EXPECT_LE(d, kTol) << "step " << s;
       d_steps = std::max(d_steps, d);
     }

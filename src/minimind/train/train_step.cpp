@@ -67,7 +67,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   s.grad_norm = clip_gradients(params, grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) optimizer.step();
-  optimizer.zero_grad();
+  clear_gradients(params);
   return s;
 }
 
