@@ -172,9 +172,11 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   LoggerGuard logger(run_dir, options.resume, dist.rank());
 
   TrainState state;
+  int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
   if (checkpoint) {
     state = read_checkpoint_state(*checkpoint);
     Config saved = load_config_string(state.config_yaml, *checkpoint + "/state.json");
+    saved_batch_size = saved.train.batch_size;
     validate_and_resolve(saved);
     std::vector<std::string> model_diff = config_differences(saved, cfg, "model");
     if (!model_diff.empty())
@@ -221,7 +223,6 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   auto optimizer = make_optimizer(model->parameters(), cfg.train);
   if (checkpoint) {
     state = load_checkpoint(*checkpoint, model, *optimizer);
-    const int64_t saved_batch_size = load_config_string(state.config_yaml, *checkpoint).train.batch_size;
     state.config_yaml = config_to_yaml(cfg);
     // The position is stored in rows of the global stream: continue at the first row not
     // yet drawn, whatever the rank count and batch size now.
