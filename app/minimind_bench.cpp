@@ -16,7 +16,7 @@
 #include "minimind/config.h"
 #include "minimind/eval/generate.h"
 #include "minimind/model/minimind_model.h"
-#include "minimind/optim.h"
+#include "minimind/train/optim.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
 

@@ -8,7 +8,7 @@
 #include "minimind/data/tokenizer.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/model/weights_io.h"
-#include "minimind/train/checkpoint.h"
+#include "minimind/run/checkpoint.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"

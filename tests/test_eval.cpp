@@ -15,8 +15,8 @@
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
-#include "minimind/eval/inspect.h"
-#include "minimind/eval/report.h"
+#include "minimind/analysis/inspect.h"
+#include "minimind/analysis/report.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/train/trainer.h"
 

@@ -23,7 +23,7 @@
 #include "minimind/eval/evaluate.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
-#include "minimind/optim.h"
+#include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
 
 using namespace minimind;

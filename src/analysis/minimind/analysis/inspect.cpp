@@ -1,0 +1,77 @@
+#include "minimind/analysis/inspect.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "minimind/run/routing_metrics.h"
+
+namespace minimind {
+
+std::string sparkline(const std::vector<double>& values, size_t width) {
+  static const char* bars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  if (values.empty() || width == 0) return "";
+  const size_t n = std::min(width, values.size());
+  std::vector<double> buckets(n, 0.0);
+  for (size_t b = 0; b < n; ++b) {
+    const size_t lo = b * values.size() / n, hi = (b + 1) * values.size() / n;
+    for (size_t i = lo; i < hi; ++i) buckets[b] += values[i] / static_cast<double>(hi - lo);
+  }
+  const auto [mn, mx] = std::minmax_element(buckets.begin(), buckets.end());
+  std::string out;
+  for (double v : buckets) {
+    const int level = *mx > *mn ? static_cast<int>(std::lround((v - *mn) / (*mx - *mn) * 7)) : 3;
+    out += bars[std::clamp(level, 0, 7)];
+  }
+  return out;
+}
+
+std::string inspect_text(const RunLogs& logs, size_t width) {
+  std::string out = fmt::format("run {} — step {}\n", logs.run_dir, logs.last_step());
+  if (!logs.train.empty()) {
+    std::vector<double> loss;
+    for (const auto& p : logs.train) loss.push_back(p.loss);
+    out += fmt::format("  train loss {:<{}} {:.3f} -> {:.3f}\n", sparkline(loss, width), width,
+                       loss.front(), loss.back());
+  }
+  if (!logs.eval.empty()) {
+    std::vector<double> val;
+    for (const auto& p : logs.eval) val.push_back(p.val_loss);
+    out += fmt::format("  val loss   {:<{}} {:.3f} -> {:.3f} (step {})\n", sparkline(val, width),
+                       width, val.front(), val.back(), logs.eval.back().step);
+  }
+  if (logs.train_load.empty()) return out + "  dense model: no expert load\n";
+
+  for (const auto& [layer, points] : logs.train_load) {
+    std::vector<double> maxvio, entropy, share;
+    for (const auto& p : points) {
+      maxvio.push_back(p.max_vio);
+      entropy.push_back(p.entropy);
+      share.push_back(p.max_share);
+    }
+    RoutingMetrics now = routing_metrics(recent_counts(points, 10));
+    out += fmt::format("\n  {}   (last 10 steps)\n", load_row(layer, now));
+    out += fmt::format("      maxvio    {:<{}} {:.2f} -> {:.2f}\n", sparkline(maxvio, width), width,
+                       maxvio.front(), maxvio.back());
+    out += fmt::format("      entropy   {:<{}} {:.2f} -> {:.2f}\n", sparkline(entropy, width), width,
+                       entropy.front(), entropy.back());
+    out += fmt::format("      max share {:<{}} {:.2f} -> {:.2f}\n", sparkline(share, width), width,
+                       share.front(), share.back());
+    auto ev = logs.eval_load.find(layer);
+    if (ev != logs.eval_load.end() && !ev->second.empty())
+      out += fmt::format("      eval (step {}): MaxVio_global {:.2f}, entropy {:.2f}, dead {}\n",
+                         ev->second.back().step, ev->second.back().max_vio,
+                         ev->second.back().entropy, ev->second.back().dead);
+  }
+  out += "\n";
+  if (logs.collapses.empty()) {
+    out += "  collapse warnings: none\n";
+  } else {
+    out += fmt::format("  collapse warnings ({}):\n", logs.collapses.size());
+    for (const auto& c : logs.collapses) out += fmt::format("    step {}: {}\n", c.step, c.message);
+  }
+  return out;
+}
+
+}  // namespace minimind

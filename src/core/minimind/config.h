@@ -1,0 +1,141 @@
+// Run configuration: plain structs with MiniMind's defaults, parsed once from YAML
+// (config_yaml.cpp) and validated once (config.cpp). This is the only place defaults live.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "minimind/error.h"
+
+namespace minimind {
+
+struct RunConfig {
+  std::string name = "minimind";
+  int64_t seed = 1337;
+  int64_t threads = 0;  // 0: one per core (per rank: cores / LOCAL_WORLD_SIZE)
+  // Multi-process runs: seconds a rank waits for the others (start-up, each collective)
+  // before the job stops with an error naming the failed step.
+  int64_t dist_timeout = 600;
+};
+
+// Field names and defaults are MiniMind's MiniMindConfig (docs/minimind-spec.md).
+struct ModelConfig {
+  int64_t hidden_size = 768;
+  int64_t num_hidden_layers = 8;
+  int64_t num_attention_heads = 8;
+  int64_t num_key_value_heads = 4;
+  int64_t vocab_size = 6400;
+  int64_t max_position_embeddings = 32768;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+  std::string hidden_act = "silu";
+  std::optional<int64_t> intermediate_size;  // unset: ceil(hidden_size * pi / 64) * 64
+  double dropout = 0.0;
+  bool tie_word_embeddings = true;
+  bool use_moe = false;
+  int64_t num_experts = 4;
+  int64_t num_experts_per_tok = 1;
+  std::optional<int64_t> moe_intermediate_size;  // unset: = intermediate_size
+  bool norm_topk_prob = true;
+  double router_aux_loss_coef = 5e-4;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Resolved widths (valid on any config, resolved or not).
+  int64_t ffn_size() const;
+  int64_t expert_ffn_size() const;
+};
+
+// MiniMind's derived FFN width: ceil(hidden * pi / 64) * 64 (768 -> 2432).
+int64_t default_intermediate_size(int64_t hidden_size);
+
+struct DataConfig {
+  std::string train = "data/austen.jsonl";
+  std::string val;             // empty: hold out val_fraction of train's records
+  double val_fraction = 0.02;
+  std::string tokenizer;       // empty: train a sentencepiece model from `train`
+  int64_t max_seq_len = 340;   // MiniMind's pretraining default
+  std::string mode = "pack";   // pack | pad
+  std::string cache_dir = "cache";  // prepared tokenizers and token files
+  bool strict = false;         // bad corpus lines are errors instead of skipped records
+};
+
+// Defaults are MiniMind's train_pretrain.py (AdamW with torch defaults, clip 1.0).
+struct TrainConfig {
+  int64_t batch_size = 32;
+  int64_t accumulation_steps = 8;
+  int64_t max_steps = 1000;
+  double learning_rate = 5e-4;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+  int64_t eval_interval = 100;
+  int64_t checkpoint_interval = 1000;
+  int64_t keep_checkpoints = 3;
+};
+
+struct LogConfig {
+  int64_t interval = 100;
+  // Collapse warning: a MoE layer whose top expert takes more than collapse_max_share of
+  // the tokens, or with at least collapse_dead_experts experts that got none, for
+  // collapse_patience consecutive log intervals.
+  double collapse_max_share = 0.9;
+  int64_t collapse_dead_experts = 1;
+  int64_t collapse_patience = 3;
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  LogConfig log;
+
+  // Where each explicitly set key ("model.hidden_size") came from, e.g. "moe.yaml line 12"
+  // or "--set model.hidden_size=64"; keys left at their default have no entry.
+  std::map<std::string, std::string> origin;
+};
+
+// ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
+using FieldRef =
+    std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
+
+struct Field {
+  const char* section;
+  const char* key;
+  FieldRef (*bind)(Config&);
+  std::string path() const { return std::string(section) + "." + key; }
+};
+
+const std::vector<Field>& config_fields();
+
+// ---- Parsing (config_yaml.cpp). All throw ConfigError.
+Config load_config_file(const std::string& path);
+Config load_config_string(const std::string& yaml, const std::string& source_name);
+// Applies one "section.key=value" override (value parsed as a YAML scalar).
+void apply_override(Config& cfg, const std::string& assignment);
+// The resolved config as YAML; loading it again gives the same Config.
+std::string config_to_yaml(const Config& cfg);
+
+// ---- Validation (config.cpp).
+// Checks every value, fills derived sizes, returns warnings (e.g. MiniMind issue #858).
+std::vector<std::string> validate_and_resolve(Config& cfg);
+
+// "section.key: A -> B" for every key whose value differs (sections: all if empty).
+std::vector<std::string> config_differences(const Config& a, const Config& b,
+                                            const std::string& section = "");
+
+// The usual entry point: file, then overrides, then validation.
+struct LoadedConfig {
+  Config config;
+  std::vector<std::string> warnings;
+};
+LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace minimind

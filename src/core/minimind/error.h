@@ -1,0 +1,56 @@
+// The one error type of minimind-cpp: everything a user can cause (a bad config key, a
+// broken corpus line, a damaged checkpoint, a dead rank) is an Error with a message that
+// names the file, key or line, and, where there is one, a hint saying what to do. The
+// kinds below exist so that callers and tests can tell them apart; a main catches Error.
+#pragma once
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace minimind {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message, const std::string& hint = "");
+  const std::string& message() const { return message_; }
+  const std::string& hint() const { return hint_; }
+
+ private:
+  std::string message_, hint_;
+};
+
+// A config key or value (the message names the key and where it was set).
+class ConfigError : public Error {
+  using Error::Error;
+};
+// A corpus, token file or run log that cannot be used (file and line).
+class DataError : public Error {
+  using Error::Error;
+};
+// A tokenizer that cannot be loaded, trained or does not fit the model.
+class TokenizerError : public Error {
+  using Error::Error;
+};
+// Weights whose names or shapes do not match the model, or an unreadable weights file.
+class WeightsError : public Error {
+  using Error::Error;
+};
+// A checkpoint that is missing, incomplete, of another version or another model.
+class CheckpointError : public Error {
+  using Error::Error;
+};
+// A run that cannot start or continue (run directory, non-finite loss).
+class TrainError : public Error {
+  using Error::Error;
+};
+// A multi-process job: torchrun variables, rendezvous, a failed or timed-out collective.
+class DistError : public Error {
+  using Error::Error;
+};
+
+// The body of a main: runs it and turns any exception into one error line on the default
+// logger ("unexpected error: ..." for anything that is not an Error) and exit status 1.
+int run_main(const std::function<int()>& body);
+
+}  // namespace minimind

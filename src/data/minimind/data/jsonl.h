@@ -1,0 +1,37 @@
+// Reading MiniMind's pretraining JSONL: one {"text": "..."} object per line.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "minimind/error.h"
+
+namespace minimind {
+
+struct CorpusStats {
+  int64_t lines = 0;
+  int64_t records = 0;  // usable records
+  int64_t skipped = 0;
+  std::map<std::string, int64_t> skipped_by_reason;
+  std::string summary(const std::string& path) const;
+};
+
+struct CorpusOptions {
+  bool strict = false;     // a bad line is an error instead of a warning + skip
+  int max_warnings = 20;   // warnings printed before the rest are only counted
+};
+
+// Calls on_record(text, line_number) for each usable record, in file order. Bad lines
+// (invalid JSON, invalid UTF-8, no string "text", empty text, blank line) are skipped
+// with a warning naming file and line, or throw DataError when options.strict.
+// A missing file or a corpus without a single usable record throws DataError.
+CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
+                        const std::function<void(std::string_view text, int64_t line)>& on_record);
+
+// True when s is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
+bool is_valid_utf8(std::string_view s);
+
+}  // namespace minimind

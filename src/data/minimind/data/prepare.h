@@ -1,0 +1,32 @@
+// Data preparation: corpus -> tokenizer -> train/val token files, cached by content.
+#pragma once
+
+#include <string>
+
+#include "minimind/config.h"
+#include "minimind/error.h"
+#include "minimind/data/token_file.h"
+
+namespace minimind {
+
+struct PreparedData {
+  std::string tokenizer_path;  // the sentencepiece .model used
+  std::string train_path;      // token files
+  std::string val_path;        // "" when there is no validation split
+  bool tokenizer_cached = false;  // nothing was trained
+  bool tokens_cached = false;     // nothing was tokenised
+  uint64_t train_tokens = 0, val_tokens = 0;
+  uint64_t train_docs = 0, val_docs = 0;
+};
+
+// Makes sure a tokenizer and token files for this data config exist under
+// data.cache_dir and returns their paths. Work is skipped when files made from the same
+// content (corpus bytes, tokenizer bytes, split, format version) are already there; a
+// changed corpus gets new files. Throws DataError / TokenizerError with a clear message.
+PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads);
+
+// Which records of a corpus of n records are held out for validation: exactly
+// ceil(fraction * n) of them, spread over the corpus, the same for the same n.
+std::vector<bool> validation_mask(int64_t n, double fraction);
+
+}  // namespace minimind

@@ -1,0 +1,44 @@
+// The tokenizer: a sentencepiece BPE model with MiniMind's special ids, trained from a
+// corpus or loaded from a .model file. Any sentencepiece client (Python included) given
+// the same .model reproduces our ids: all text handling lives inside the model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "minimind/error.h"
+
+namespace minimind {
+
+// MiniMind's special ids.
+constexpr int32_t kPadId = 0;  // <|endoftext|>
+constexpr int32_t kBosId = 1;  // <|im_start|>
+constexpr int32_t kEosId = 2;  // <|im_end|>
+
+class Tokenizer {
+ public:
+  // From a serialised model (the bytes of a .model file).
+  static Tokenizer from_bytes(std::string model_bytes, const std::string& source);
+  static Tokenizer from_file(const std::string& path);
+
+  // Trains a BPE model of vocab_size pieces on the given texts (see tokenizer.cpp for the
+  // options: byte fallback, "\n" as its own piece, no normalisation). Deterministic.
+  // Returns the serialised model.
+  static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size);
+
+  std::vector<int32_t> encode(std::string_view text) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+  std::string piece(int32_t id) const;
+  int32_t vocab_size() const;
+  const std::string& model_bytes() const { return bytes_; }
+
+ private:
+  struct Handle;
+  std::shared_ptr<Handle> handle_;
+  std::string bytes_;
+};
+
+}  // namespace minimind

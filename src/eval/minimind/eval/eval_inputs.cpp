@@ -1,0 +1,80 @@
+#include "minimind/eval/eval_inputs.h"
+
+#include <filesystem>
+
+#include "minimind/data/jsonl.h"
+#include "minimind/model/weights_io.h"
+#include "minimind/run/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace minimind {
+
+EvalModel load_eval_model(const std::string& path, const std::string& config_path,
+                          const std::string& tokenizer_path, bool need_tokenizer) {
+  EvalModel m;
+  if (!fs::exists(path)) throw CheckpointError("checkpoint '" + path + "' does not exist");
+  std::string ckpt;
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "checkpoints")) {  // a run directory: its newest checkpoint
+      auto latest = latest_checkpoint(path);
+      if (!latest) throw CheckpointError("run directory '" + path + "' has no complete checkpoint");
+      ckpt = *latest;
+    } else {
+      ckpt = path;
+    }
+    TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
+    m.config = config_path.empty() ? load_config_string(state.config_yaml, ckpt + "/state.json")
+                                   : load_config_file(config_path);
+    m.run_dir = fs::path(ckpt).parent_path().parent_path().string();
+    m.weights = (fs::path(ckpt) / "model.pth").string();
+  } else {
+    if (config_path.empty())
+      throw ConfigError("config error: '" + path + "' is a bare weights file; pass --config FILE.yaml "
+                        "describing its model");
+    m.config = load_config_file(config_path);
+    m.weights = path;
+  }
+  validate_and_resolve(m.config);
+  m.model = MiniMindForCausalLM(m.config.model);
+  load_weights(m.model, m.weights);
+
+  std::string tok = tokenizer_path;
+  if (tok.empty() && !m.run_dir.empty() && fs::exists(fs::path(m.run_dir) / "tokenizer.model"))
+    tok = (fs::path(m.run_dir) / "tokenizer.model").string();
+  if (tok.empty()) tok = m.config.data.tokenizer;
+  if (tok.empty()) {
+    if (need_tokenizer)
+      throw TokenizerError("no tokenizer: pass --tokenizer FILE.model (or set data.tokenizer in the config)");
+    return m;
+  }
+  m.tokenizer = Tokenizer::from_file(tok);
+  if (m.tokenizer->vocab_size() != m.config.model.vocab_size)
+    throw TokenizerError("tokenizer '" + tok + "' has " + std::to_string(m.tokenizer->vocab_size()) +
+                         " pieces but the model's vocab_size is " +
+                         std::to_string(m.config.model.vocab_size) + "; use the run's tokenizer.model");
+  return m;
+}
+
+TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok, const std::string& tmp_dir,
+                          int64_t max_docs) {
+  fs::create_directories(tmp_dir);
+  const std::string path = (fs::path(tmp_dir) / "eval.tok").string();
+  {
+    TokenFileWriter w(path, static_cast<uint32_t>(tok.vocab_size()), {0, 0});
+    int64_t n = 0;
+    read_corpus(jsonl, {}, [&](std::string_view text, int64_t) {
+      if (max_docs >= 0 && n >= max_docs) return;
+      std::vector<int32_t> ids{kBosId};
+      std::vector<int32_t> body = tok.encode(text);
+      ids.insert(ids.end(), body.begin(), body.end());
+      ids.push_back(kEosId);
+      w.add_document(ids);
+      ++n;
+    });
+    w.finish();
+  }
+  return TokenFile::open(path);
+}
+
+}  // namespace minimind

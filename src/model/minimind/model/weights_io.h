@@ -1,0 +1,38 @@
+// MiniMind-format weights: a plain {name: tensor} dict in the file format of Python's
+// torch.save, readable with torch.load and MiniMind's load_state_dict(strict=True).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "minimind/model/minimind_model.h"
+
+#include "minimind/error.h"
+
+namespace minimind {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Every parameter under its MiniMind name; with tied embeddings both
+// model.embed_tokens.weight and lm_head.weight are present (as MiniMind saves them).
+NamedTensors state_dict(const MiniMindForCausalLM& model);
+
+// Writes the weights (cast to dtype) to a temporary file and renames it into place,
+// so a crash never leaves a half-written file under `path`.
+void save_weights(const MiniMindForCausalLM& model, const std::string& path,
+                  torch::Dtype dtype = torch::kFloat32);
+
+// Loads a MiniMind-format file (fp16, bf16 or fp32) into the model. Names and shapes
+// must match exactly; otherwise throws WeightsError listing the first mismatches.
+void load_weights(MiniMindForCausalLM& model, const std::string& path);
+
+// Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.
+NamedTensors read_tensor_dict(const std::string& path);
+
+// Reads a torch.save'd object of any kind (nested dicts of tensors, numbers, strings).
+c10::IValue read_pickle(const std::string& path);
+
+}  // namespace minimind

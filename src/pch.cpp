@@ -1,0 +1,1 @@
+// Empty: the translation unit that carries the shared precompiled <torch/torch.h>.

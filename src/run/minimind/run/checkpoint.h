@@ -1,0 +1,50 @@
+// Checkpoints: checkpoints/step_XXXXXXXX/ holding model.pth (MiniMind-format fp32
+// weights), optimizer.pt, rng.pt and state.json. Written under a temporary name and
+// renamed into place, so a crash never leaves a half-written step_ directory.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "minimind/model/minimind_model.h"
+
+#include "minimind/error.h"
+
+namespace minimind {
+
+constexpr int kCheckpointVersion = 1;
+
+// What besides weights and optimizer a run needs to continue exactly.
+struct TrainState {
+  int64_t step = 0;             // optimizer steps done
+  int64_t tokens = 0;           // training tokens seen
+  // Rows of the global data stream drawn so far (all ranks), so a run can resume under
+  // another rank count or batch size. Checkpoints written before this field existed hold
+  // a one-process batch count instead: then loader_rows is -1 and loader_batches is set.
+  int64_t loader_rows = 0;
+  int64_t loader_batches = -1;
+  double elapsed_seconds = 0;   // training time so far
+  std::string config_yaml;      // the resolved config of the run
+};
+
+// Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
+// `after_file` (tests) is called after each file is written, to simulate a crash.
+std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
+                            torch::optim::Optimizer& optimizer, const TrainState& state, int64_t keep,
+                            const std::function<void(const std::string&)>& after_file = {});
+
+// The newest complete checkpoint directory under run_dir, if any.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+
+// Reads state.json only (to check the config before building anything).
+TrainState read_checkpoint_state(const std::string& checkpoint_dir);
+
+// Restores weights, optimizer and torch's RNG; returns the state. Refuses incomplete or
+// other-version checkpoints with a hint.
+TrainState load_checkpoint(const std::string& checkpoint_dir, MiniMindForCausalLM& model,
+                           torch::optim::Optimizer& optimizer);
+
+}  // namespace minimind
