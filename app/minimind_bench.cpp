@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -14,16 +13,16 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "minimind/config.h"
+#include "minimind/error.h"
 #include "minimind/eval/generate.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/train/optim.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/stopwatch.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -63,88 +62,90 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
 
-  using namespace minimind;
-  Config cfg = load_config_string(
-      "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 2,\n"
-      "        vocab_size: 6400, num_experts: 4, norm_topk_prob: false}\n"
-      "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n", "bench");
-  cfg.model.use_moe = preset != "dense";
-  cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
-  validate_and_resolve(cfg);
-  // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
-  // same cores and as large a GEMM as it likes; then --blas-threads, if given.
-  const int n_threads = use_threads(threads);
-  set_blas_threads(n_threads);
-  const double peak = check_blas(1536).gflops;
-  if (blas_threads > 0) set_blas_threads(blas_threads);
-  if (torch_threads > 0) torch::set_num_threads(torch_threads);
+  return minimind::run_main([&] {
+    using namespace minimind;
+    Config cfg = load_config_string(
+        "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 2,\n"
+        "        vocab_size: 6400, num_experts: 4, norm_topk_prob: false}\n"
+        "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n", "bench");
+    cfg.model.use_moe = preset != "dense";
+    cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
+    validate_and_resolve(cfg);
+    // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
+    // same cores and as large a GEMM as it likes; then --blas-threads, if given.
+    const int n_threads = use_threads(threads);
+    set_blas_threads(n_threads);
+    const double peak = check_blas(1536).gflops;
+    if (blas_threads > 0) set_blas_threads(blas_threads);
+    if (torch_threads > 0) torch::set_num_threads(torch_threads);
 
-  torch::manual_seed(0);
-  MiniMindForCausalLM model(cfg.model);
-  init_weights(model);
-  model->train();
-  auto opt = make_optimizer(model->parameters(), cfg.train);
-  const int64_t B = 8, T = 256;
-  torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
+    torch::manual_seed(0);
+    MiniMindForCausalLM model(cfg.model);
+    init_weights(model);
+    model->train();
+    auto opt = make_optimizer(model->parameters(), cfg.train);
+    const int64_t B = 8, T = 256;
+    torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
 
-  std::vector<double> fwd, bwd, optim, total;
-  for (int s = 0; s < warmup + steps; ++s) {
-    // The legacy autograd profiler records every op of the step, forward and backward.
-    std::optional<torch::autograd::profiler::RecordProfile> trace;
-    if (!profile.empty() && s == warmup) trace.emplace(profile);
-    auto t0 = Clock::now();
-    ForwardOutput out = model(ids, ids);
-    torch::Tensor loss = out.loss + out.aux_loss;
-    const double f = since(t0);
-    auto t1 = Clock::now();
-    loss.backward();
-    const double b = since(t1);
-    auto t2 = Clock::now();
-    finish_gradients(model->parameters(), 1.0);
-    opt->step();
-    clear_gradients(model->parameters());
-    const double o = since(t2);
-    if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
-    if (trace) {
-      trace.reset();  // writes the file
-      spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile, s + 1);
+    std::vector<double> fwd, bwd, optim, total;
+    for (int s = 0; s < warmup + steps; ++s) {
+      // The legacy autograd profiler records every op of the step, forward and backward.
+      std::optional<torch::autograd::profiler::RecordProfile> trace;
+      if (!profile.empty() && s == warmup) trace.emplace(profile);
+      Stopwatch clock;
+      ForwardOutput out = model(ids, ids);
+      torch::Tensor loss = out.loss + out.aux_loss;
+      const double f = clock.seconds();
+      clock.restart();
+      loss.backward();
+      const double b = clock.seconds();
+      clock.restart();
+      finish_gradients(model->parameters(), 1.0);
+      opt->step();
+      clear_gradients(model->parameters());
+      const double o = clock.seconds();
+      if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
+      if (trace) {
+        trace.reset();  // writes the file
+        spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile, s + 1);
+      }
     }
-  }
-  const double step = median(total);
-  const double tok_s = B * T / step;
-  const double mfu = tok_s * flops_per_token(cfg.model, T) / (peak * 1e9);
-  std::vector<double> rates;
-  for (double t : total) rates.push_back(B * T / t);
-  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+    const double step = median(total);
+    const double tok_s = B * T / step;
+    const double mfu = tok_s * flops_per_token(cfg.model, T) / (peak * 1e9);
+    std::vector<double> rates;
+    for (double t : total) rates.push_back(B * T / t);
+    const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
 
-  // Generation: 128 tokens greedy after a 16-token prompt, with the KV cache.
-  model->eval();
-  std::vector<int64_t> prompt(ids[0].data_ptr<int64_t>(), ids[0].data_ptr<int64_t>() + 16);
-  GenerateOptions g;
-  g.max_new_tokens = 128;
-  g.greedy = true;
-  g.eos_id = -1;
-  generate(model, prompt, g);  // warm-up
-  auto tg = Clock::now();
-  const size_t n = generate(model, prompt, g).size();
-  const double gen_s = n / since(tg);
+    // Generation: 128 tokens greedy after a 16-token prompt, with the KV cache.
+    model->eval();
+    std::vector<int64_t> prompt(ids[0].data_ptr<int64_t>(), ids[0].data_ptr<int64_t>() + 16);
+    GenerateOptions g;
+    g.max_new_tokens = 128;
+    g.greedy = true;
+    g.eos_id = -1;
+    generate(model, prompt, g);  // warm-up
+    const Stopwatch gen_clock;
+    const size_t n = generate(model, prompt, g).size();
+    const double gen_s = n / gen_clock.seconds();
 
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  const double rss_mb = ru.ru_maxrss / 1024.0;
-  if (json) {
-    std::cout << fmt::format(
-        "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, \"tok_s_min\": {:.1f}, "
-        "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, \"opt_ms\": {:.1f}, "
-        "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": {:.1f}}}\n",
-        preset, n_threads, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-        1e3 * median(optim), rss_mb, mfu, peak, gen_s);
-  } else {
-    std::cout << fmt::format(
-        "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + opt {:.0f} | "
-        "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s | generation {:.0f} tok/s\n",
-        preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim),
-        rss_mb, 100 * mfu, peak, gen_s);
-  }
-  return 0;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const double rss_mb = ru.ru_maxrss / 1024.0;
+    if (json) {
+      std::cout << fmt::format(
+          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, \"tok_s_min\": {:.1f}, "
+          "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, \"opt_ms\": {:.1f}, "
+          "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": {:.1f}}}\n",
+          preset, n_threads, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
+          1e3 * median(optim), rss_mb, mfu, peak, gen_s);
+    } else {
+      std::cout << fmt::format(
+          "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + opt {:.0f} | "
+          "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s | generation {:.0f} tok/s\n",
+          preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim),
+          rss_mb, 100 * mfu, peak, gen_s);
+    }
+    return 0;
+  });
 }

@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <iostream>
 
@@ -16,17 +15,14 @@
 #include "minimind/eval/generate.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
-#include "minimind/run/run_logs.h"
-#include "minimind/model/weights_io.h"
-#include "minimind/run/checkpoint.h"
+#include "minimind/error.h"
+#include "minimind/run/run_log.h"
 #include "minimind/run/routing_metrics.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/stopwatch.h"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Args {
   std::string checkpoint, config, tokenizer, data, prompt, inspect, report;
@@ -51,27 +47,20 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
     docs = TokenFile::open(d.val_path);
   }
   const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
-  const auto t0 = Clock::now();
+  const Stopwatch clock;
   EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs);
-  const double secs = since(t0);
+  const double secs = clock.seconds();
   std::filesystem::remove_all(tmp);
 
-  nlohmann::json out = {{"loss", r.loss}, {"ppl", r.ppl}, {"tokens", r.tokens},
-                        {"documents", r.documents}, {"seconds", secs},
-                        {"tokens_per_s", r.tokens / secs}, {"weights", m.weights},
-                        {"expert_load", nlohmann::json::array()}};
+  EvalSummary summary{r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs, m.weights, {}};
   spdlog::info("loss {:.4f} | ppl {:.2f} | {} predicted tokens of {} documents | {:.1f} s ({:.0f} tokens/s)",
                r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
-  for (size_t l = 0; l < r.expert_counts.size(); ++l) {
-    RoutingMetrics rm = routing_metrics(r.expert_counts[l]);
+  for (size_t l = 0; l < r.expert_counts.layers.size(); ++l) {
+    const RoutingMetrics rm = routing_metrics(r.expert_counts.layers[l]);
     spdlog::info("  {}  counts {}", load_row(static_cast<int64_t>(l), rm), fmt::join(rm.counts, " "));
-    out["expert_load"].push_back({{"layer", l}, {"counts", rm.counts}, {"share", rm.share},
-                                  {"max_vio", rm.max_vio}, {"cv", rm.cv}, {"entropy", rm.entropy},
-                                  {"effective_experts", rm.effective_experts},
-                                  {"max_share", rm.max_share}, {"max_expert", rm.max_expert},
-                                  {"dead", rm.dead.size()}, {"dead_experts", rm.dead}});
+    summary.expert_load.push_back(LoadRecord::make(m.step, static_cast<int64_t>(l), "eval", rm));
   }
-  if (a.json) std::cout << out.dump() << std::endl;
+  if (a.json) std::cout << nlohmann::json(summary).dump() << std::endl;
   return 0;
 }
 
@@ -84,7 +73,7 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   std::cout << a.prompt << std::flush;
   std::vector<int32_t> generated;
   size_t printed = 0;
-  const auto t0 = Clock::now();
+  const Stopwatch clock;
   auto on_token = [&](int64_t id) {
     generated.push_back(static_cast<int32_t>(id));
     // Decode everything so far and print what is new, holding back an unfinished
@@ -97,7 +86,7 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
     }
   };
   std::vector<int64_t> out = generate(m.model, prompt, a.gen, on_token);
-  const double secs = since(t0);
+  const double secs = clock.seconds();
   const std::string text = tok.decode(generated);
   if (text.size() > printed) std::cout << text.substr(printed);
   std::cout << std::endl;
@@ -138,7 +127,7 @@ int main(int argc, char** argv) {
 
   // Human-readable output goes to stderr so that stdout carries only the result.
   spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
-  try {
+  return minimind::run_main([&] {
     if (!a.inspect.empty() || !a.report.empty()) {
       if (!a.inspect.empty()) std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
       if (!a.report.empty()) spdlog::info("wrote {}", minimind::write_report(a.report));
@@ -155,8 +144,5 @@ int main(int argc, char** argv) {
     if (!generating || !a.data.empty()) evaluate_command(a, m, threads);
     if (generating) generate_command(a, m);
     return 0;
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return 1;
-  }
+  });
 }

@@ -1,32 +1,66 @@
 // minimind-train: trains a MiniMind model (dense or MoE) from a YAML config.
-// All logic is in the library (minimind/train/trainer.h); this parses the command line.
+// All logic is in the library (minimind/train/trainer.h); this parses the command line,
+// sets up what belongs to the process (logger, signal handlers), and calls train().
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <csignal>
+#include <cstring>
+
+#include "minimind/analysis/report.h"
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
-#include "minimind/data/tokenizer.h"
 #include "minimind/dist/distributed.h"
-#include "minimind/model/weights_io.h"
-#include "minimind/run/checkpoint.h"
+#include "minimind/error.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/stop_flag.h"
+
+namespace {
+
+minimind::StopFlag g_stop;
+
+// The first SIGINT/SIGTERM asks the run to stop after the current step (with a checkpoint);
+// a second one ends the process at once.
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.signal() != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop.request(sig);
+  const char msg[] = "\nstopping after this step with a checkpoint (send the signal again to quit now)\n";
+  (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   minimind::tune_malloc();  // before the first large tensor
   CLI::App app{"minimind-train: train a MiniMind language model (dense or MoE) from a YAML config"};
-  std::string config_path, out_dir;
+  std::string config_path;
   std::vector<std::string> overrides;
+  minimind::TrainOptions options;
   int64_t threads = -1, seed = -1;
-  bool resume = false, overwrite = false, prepare_only = false, print_config = false;
+  bool prepare_only = false, print_config = false;
   app.add_option("--config", config_path, "YAML config (sections run, model, data, train, log)")
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--set", overrides, "override a key before validation: section.key=value (repeatable)");
-  app.add_option("--out", out_dir, "run directory (default: runs/<run.name>)");
-  app.add_flag("--resume", resume, "continue from the newest complete checkpoint in the run directory");
-  app.add_flag("--overwrite", overwrite, "start again in a run directory that holds an earlier run");
+  app.add_option("--out", options.out_dir, "run directory (default: runs/<run.name>)");
+  app.add_flag("--resume", options.resume, "continue from the newest complete checkpoint in the run directory");
+  app.add_flag("--overwrite", options.overwrite, "start again in a run directory that holds an earlier run");
   app.add_option("--threads", threads, "intra-op threads (same as --set run.threads=N; 0 = one per core)");
   app.add_option("--seed", seed, "random seed (same as --set run.seed=N)");
   app.add_flag("--prepare-only", prepare_only, "prepare tokenizer and token files (cached), then exit");
@@ -34,8 +68,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
   if (seed >= 0) overrides.push_back("run.seed=" + std::to_string(seed));
+  spdlog::set_default_logger(spdlog::stdout_color_mt("minimind"));
 
-  try {
+  return minimind::run_main([&] {
     minimind::LoadedConfig loaded = minimind::load_config(config_path, overrides);
     for (const auto& w : loaded.warnings) spdlog::warn("{}", w);
     const minimind::Config& cfg = loaded.config;
@@ -51,29 +86,16 @@ int main(int argc, char** argv) {
     const minimind::DistEnv env = minimind::dist_env_from_environment();
     std::unique_ptr<minimind::Distributed> dist;
     if (env.world_size > 1) {
-      spdlog::info("rank {} of {} (local {} of {}): joining {}:{}", env.rank, env.world_size, env.local_rank,
-                   env.local_world_size, env.master_addr, env.master_port);
+      spdlog::info("rank {} of {} (local {} of {}): joining {}:{}", env.rank, env.world_size,
+                   env.local_rank, env.local_world_size, env.master_addr, env.master_port);
       dist = std::make_unique<minimind::Distributed>(env, std::chrono::seconds(cfg.run.dist_timeout));
     }
-    minimind::TrainResult r = minimind::train(cfg, {out_dir, resume, overwrite, {}, dist.get()});
-    if (r.interrupted) return 128 + r.signal;  // 130 for Ctrl-C, 143 for SIGTERM
-    return 0;
-  } catch (const minimind::DistError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::ConfigError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::DataError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::TokenizerError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::CheckpointError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::WeightsError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const minimind::TrainError& e) {
-    spdlog::error("{}", e.what());
-  } catch (const std::exception& e) {
-    spdlog::error("unexpected error: {}", e.what());
-  }
-  return 1;
+    install_stop_handlers();
+    minimind::ReportWriter report;
+    options.stop = &g_stop;
+    options.dist = dist.get();
+    options.observers.push_back(&report);
+    const minimind::TrainResult r = minimind::train(cfg, options);
+    return r.interrupted ? 128 + r.signal : 0;  // 130 for Ctrl-C, 143 for SIGTERM
+  });
 }

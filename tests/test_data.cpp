@@ -16,25 +16,15 @@
 #include "minimind/data/prepare.h"
 #include "minimind/data/token_file.h"
 #include "minimind/data/tokenizer.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  // Per process: CTest runs the tests of this file in parallel processes.
-  fs::path p = fs::path(testing::TempDir()) /
-               ("minimind_data_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using test::temp_dir;
+using test::write_text;
 
 std::string jsonl_line(const std::string& text) { return nlohmann::json{{"text", text}}.dump() + "\n"; }
 
@@ -434,13 +424,10 @@ TEST(Prepare, GivenTokenizerMustMatchVocabSize) {
   PreparedData p = prepare_data(d, 700, 2);
   d.tokenizer = p.tokenizer_path;
   EXPECT_TRUE(prepare_data(d, 700, 2).tokenizer_cached);
-  try {
-    prepare_data(d, 6400, 2);
-    FAIL() << "no error";
-  } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("has 700 pieces but model.vocab_size is 6400"), std::string::npos)
-        << e.what();
-  }
+  // The same condition as minimind-eval's tokenizer check, with the same error.
+  const std::string msg = test::error_of<TokenizerError>([&] { prepare_data(d, 6400, 2); });
+  EXPECT_NE(msg.find("has 700 pieces but model.vocab_size is 6400"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: set model.vocab_size to 700"), std::string::npos) << msg;
   d.tokenizer = dir + "/missing.model";
   EXPECT_THROW(prepare_data(d, 700, 2), DataError);
 }

@@ -19,6 +19,7 @@
 #include "minimind/analysis/report.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/train/trainer.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 namespace fs = std::filesystem;
@@ -48,29 +49,17 @@ Command run(const std::string& args) {
 class EvalTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((fs::path(testing::TempDir()) / ("minimind_eval_" + std::to_string(::getpid()))).string());
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_);
-    {
-      std::ifstream in(std::string(MINIMIND_SOURCE_DIR) + "/data/austen.jsonl");
-      std::ofstream out(*dir_ + "/corpus.jsonl");
-      std::string line;
-      for (int i = 0; i < 300 && std::getline(in, line); ++i) out << line << "\n";
-    }
+    dir_ = new std::string(test::temp_dir("eval"));
     for (bool moe : {true, false}) {
-      Config cfg = load_config_string(
-          "run: {name: tiny, seed: 5, threads: 1}\n"
-          "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,\n"
-          "        num_key_value_heads: 1, vocab_size: 512, max_position_embeddings: 128,\n"
-          "        use_moe: " + std::string(moe ? "true" : "false") + ", num_experts: 4}\n"
-          "data: {max_seq_len: 48, val_fraction: 0.05}\n"
-          "train: {batch_size: 4, accumulation_steps: 1, max_steps: 12, learning_rate: 3.0e-3,\n"
-          "        eval_interval: 6, checkpoint_interval: 6}\n"
-          "log: {interval: 2}\n", "tiny.yaml");
-      apply_override(cfg, "data.train=" + *dir_ + "/corpus.jsonl");
-      apply_override(cfg, "data.cache_dir=" + *dir_ + "/cache");
-      validate_and_resolve(cfg);
-      train(cfg, {*dir_ + (moe ? "/moe" : "/dense"), false, false, {}});
+      const Config cfg = test::tiny_config(
+          *dir_, {"model.use_moe=" + std::string(moe ? "true" : "false"), "model.num_experts_per_tok=1",
+                  "data.max_seq_len=48", "train.accumulation_steps=1", "train.max_steps=12",
+                  "train.eval_interval=6", "train.checkpoint_interval=6", "train.keep_checkpoints=3"});
+      ReportWriter report;  // as minimind-train does
+      TrainOptions options;
+      options.out_dir = *dir_ + (moe ? "/moe" : "/dense");
+      options.observers.push_back(&report);
+      train(cfg, options);
       if (moe) config_ = new Config(cfg);
     }
   }
@@ -90,15 +79,27 @@ Config* EvalTest::config_ = nullptr;
 TEST_F(EvalTest, JsonOutputSchema) {
   Command c = run("--checkpoint " + ckpt() + " --json --max-docs 6");
   ASSERT_EQ(c.status, 0) << c.err;
-  nlohmann::json j = nlohmann::json::parse(c.out);  // stdout is exactly one JSON object
-  for (const char* k : {"loss", "ppl", "tokens", "documents", "expert_load"}) EXPECT_TRUE(j.contains(k)) << k;
-  EXPECT_EQ(j["documents"], 6);
-  EXPECT_NEAR(j["ppl"].get<double>(), std::exp(j["loss"].get<double>()), 1e-6 * j["ppl"].get<double>());
-  ASSERT_EQ(j["expert_load"].size(), 2u);
-  for (const auto& layer : j["expert_load"]) {
-    for (const char* k : {"layer", "counts", "share", "max_vio", "entropy", "max_share", "dead"})
-      EXPECT_TRUE(layer.contains(k)) << k;
-    EXPECT_EQ(layer["counts"].size(), 4u);
+  // stdout is exactly one JSON object, an EvalSummary (reading it checks every field).
+  const EvalSummary j = nlohmann::json::parse(c.out).get<EvalSummary>();
+  // The same numbers as evaluating in process.
+  EvalModel m = load_eval_model(ckpt(), "", "", false);
+  const PreparedData data = prepare_data(m.config.data, m.config.model.vocab_size, 1);
+  const EvalResult direct = evaluate(m.model, TokenFile::open(data.val_path), 48, 4, 6);
+  EXPECT_EQ(j.documents, 6);
+  EXPECT_EQ(j.tokens, direct.tokens);
+  EXPECT_NEAR(j.loss, direct.loss, 1e-5);  // other thread counts: other summation order
+  EXPECT_NEAR(j.ppl, std::exp(j.loss), 1e-9 * j.ppl);
+  EXPECT_EQ(j.weights, ckpt() + "/model.pth");
+  ASSERT_EQ(j.expert_load.size(), 2u);
+  for (size_t l = 0; l < 2; ++l) {
+    const LoadRecord& layer = j.expert_load[l];
+    EXPECT_EQ(layer.layer, static_cast<int64_t>(l));
+    EXPECT_EQ(layer.step, 12);  // the checkpoint's
+    EXPECT_EQ(layer.counts, direct.expert_counts.layers[l]);
+    const RoutingMetrics rm = routing_metrics(layer.counts);
+    EXPECT_DOUBLE_EQ(layer.max_vio, rm.max_vio);
+    EXPECT_DOUBLE_EQ(layer.entropy, rm.entropy);
+    EXPECT_EQ(layer.dead, static_cast<int64_t>(rm.dead.size()));
   }
   EXPECT_NE(c.err.find("loss"), std::string::npos);  // human output went to stderr
 }
@@ -160,7 +161,7 @@ TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
   std::string other_tok = prepare_data(v600.config.data, 600, 1).tokenizer_path;
   Command vocab = run("--checkpoint " + ckpt() + " --tokenizer " + other_tok + " --prompt Emma");
   EXPECT_NE(vocab.status, 0);
-  EXPECT_NE(vocab.err.find("has 600 pieces but the model's vocab_size is 512"), std::string::npos) << vocab.err;
+  EXPECT_NE(vocab.err.find("has 600 pieces but model.vocab_size is 512"), std::string::npos) << vocab.err;
 }
 
 TEST_F(EvalTest, GreedyWithKvCacheEqualsWithoutAndSeedsRepeat) {

@@ -1,75 +1,46 @@
-// Trainer: lr schedule, routing metrics and collapse warnings, gradient accumulation,
-// checkpoints (atomicity, refusals), exact resume, signals, the non-finite guard, and a
-// short end-to-end run that must reduce the loss.
+// Trainer: lr schedule, routing metrics, each observer of the loop on its own (interval
+// means, console, run logs, collapse watcher, evaluator, checkpointer), gradient
+// accumulation, checkpoints (atomicity, refusals), exact resume, stop requests, the
+// non-finite guard, golden per-step losses of configs/moe.yaml, and the multi-process set-up.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/ostream_sink.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
 
 #include "minimind/config.h"
 #include "minimind/data/batcher.h"
+#include "minimind/data/prepare.h"
+#include "minimind/dist/distributed.h"
+#include "minimind/eval/evaluate.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
-#include "minimind/train/optim.h"
 #include "minimind/run/checkpoint.h"
-#include "minimind/train/lr_schedule.h"
 #include "minimind/run/routing_metrics.h"
+#include "minimind/run/run_log.h"
+#include "minimind/train/checkpointer.h"
+#include "minimind/train/collapse_watcher.h"
+#include "minimind/train/console.h"
+#include "minimind/train/evaluator.h"
+#include "minimind/train/interval_window.h"
+#include "minimind/train/lr_schedule.h"
+#include "minimind/train/optim.h"
+#include "minimind/train/run_log_observer.h"
 #include "minimind/train/train_step.h"
 #include "minimind/train/trainer.h"
-#include "minimind/dist/distributed.h"
+#include "minimind/util/blas_check.h"
+#include "support/test_support.h"
 
 using namespace minimind;
+using namespace minimind::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::path(testing::TempDir()) / ("minimind_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-// A tiny MoE run on the first 300 records of the shipped corpus: seconds per run.
-Config tiny_config(const std::string& dir, const std::vector<std::string>& extra = {}) {
-  const std::string corpus = dir + "/corpus.jsonl";
-  if (!fs::exists(corpus)) {
-    std::ifstream in(std::string(MINIMIND_SOURCE_DIR) + "/data/austen.jsonl");
-    std::ofstream out(corpus);
-    std::string line;
-    for (int i = 0; i < 300 && std::getline(in, line); ++i) out << line << "\n";
-  }
-  Config cfg = load_config_string(
-      "run: {name: tiny, seed: 5, threads: 1}\n"
-      "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,\n"
-      "        num_key_value_heads: 1, vocab_size: 512, max_position_embeddings: 128,\n"
-      "        use_moe: true, num_experts: 4, num_experts_per_tok: 2}\n"
-      "data: {max_seq_len: 32, val_fraction: 0.05}\n"
-      "train: {batch_size: 4, accumulation_steps: 2, max_steps: 8, learning_rate: 3.0e-3,\n"
-      "        eval_interval: 4, checkpoint_interval: 3, keep_checkpoints: 2}\n"
-      "log: {interval: 2}\n",
-      "tiny.yaml");
-  apply_override(cfg, "data.train=" + corpus);
-  apply_override(cfg, "data.cache_dir=" + dir + "/cache");
-  for (const auto& o : extra) apply_override(cfg, o);
-  validate_and_resolve(cfg);
-  return cfg;
-}
-
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-}  // namespace
 
 TEST(LrSchedule, MiniMindCosineWithWarmup) {
   // lr * (0.1 + 0.45 * (1 + cos(pi t / T))): lr at 0, 0.55 lr half-way, -> 0.1 lr.
@@ -124,7 +95,7 @@ TEST(RoutingMetrics, TerminalRowShowsTheShape) {
 TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
   CollapseDetector det({0.9, 1, 3});
   // A synthetic collapsed router in layer 1: expert 2 takes 95%, expert 0 gets nothing.
-  std::vector<std::optional<CollapseEvent>> fired;
+  std::vector<std::optional<CollapseRecord>> fired;
   for (int w = 1; w <= 5; ++w) {
     EXPECT_FALSE(det.observe(0, w * 10, routing_metrics({260, 240, 255, 245})).has_value());
     fired.push_back(det.observe(1, w * 10, routing_metrics({0, 25, 950, 25})));
@@ -132,11 +103,13 @@ TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
   EXPECT_FALSE(fired[0] || fired[1]);
   ASSERT_TRUE(fired[2].has_value());  // third consecutive window
   EXPECT_FALSE(fired[3] || fired[4]);  // once per episode
-  const CollapseEvent& ev = *fired[2];
+  const CollapseRecord& ev = *fired[2];
   EXPECT_EQ(ev.layer, 1);
   EXPECT_EQ(ev.expert, 2);
   EXPECT_EQ(ev.since_step, 10);
   EXPECT_EQ(ev.step, 30);
+  EXPECT_DOUBLE_EQ(ev.max_share, 0.95);
+  EXPECT_EQ(ev.dead_experts, (std::vector<int64_t>{0}));
   EXPECT_NE(ev.message.find("layer 1"), std::string::npos) << ev.message;
   EXPECT_NE(ev.message.find("expert 2 takes 95.0%"), std::string::npos) << ev.message;
   EXPECT_NE(ev.message.find("1 dead expert: 0"), std::string::npos) << ev.message;
@@ -144,6 +117,218 @@ TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
   EXPECT_FALSE(det.observe(1, 60, routing_metrics({250, 250, 250, 250})).has_value());
   EXPECT_FALSE(det.observe(1, 70, routing_metrics({0, 500, 250, 250})).has_value());
   EXPECT_FALSE(det.observe(1, 80, routing_metrics({10, 500, 250, 240})).has_value());
+}
+
+// ---- The observers of the loop, each on its own, fed by hand-made notifications.
+
+namespace {
+
+// Remembers what reaches it.
+struct Recorder : Observer {
+  std::vector<IntervalInfo> intervals;
+  std::vector<EvalInfo> evals;
+  std::vector<CollapseRecord> collapses;
+  std::vector<CheckpointInfo> checkpoints;
+  void on_interval(const IntervalInfo& i) override { intervals.push_back(i); }
+  void on_eval(const EvalInfo& e) override { evals.push_back(e); }
+  void on_collapse(const CollapseRecord& c) override { collapses.push_back(c); }
+  void on_checkpoint(const CheckpointInfo& c) override { checkpoints.push_back(c); }
+};
+
+StepStats step_stats(double lm, double aux, double grad, std::vector<std::vector<int64_t>> counts,
+                     int64_t tokens = 100) {
+  StepStats s;
+  s.lm_loss = lm, s.aux_loss = aux, s.loss = lm + aux, s.grad_norm = grad, s.tokens = tokens;
+  s.counts.layers = std::move(counts);
+  for (size_t l = 0; l < s.counts.layers.size(); ++l) s.layer_aux.push_back(aux / 2);
+  return s;
+}
+
+StepInfo step_info(int64_t step, int64_t max_steps, const StepStats& st) {
+  return {step, max_steps, 0, 100 * step, 1e-3 * step, 2.0 * step, 10.0 + 2.0 * step, &st};
+}
+
+}  // namespace
+
+TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
+  Recorder rec;
+  IntervalWindow window(2, rec, /*multi_rank=*/false);
+  const StepStats a = step_stats(4.0, 0.5, 1.0, {{3, 1}}), b = step_stats(2.0, 0.25, 3.0, {{0, 4}}),
+                  c = step_stats(1.0, 0.125, 2.0, {{2, 2}}, 60);
+  window.on_step(step_info(1, 3, a));
+  EXPECT_TRUE(rec.intervals.empty());
+  window.on_step(step_info(2, 3, b));
+  ASSERT_EQ(rec.intervals.size(), 1u);
+  const TrainRecord& r = rec.intervals[0].record;
+  EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(r.tokens, 200);
+  EXPECT_DOUBLE_EQ(r.lm_loss, 3.0);           // (4 + 2) / 2
+  EXPECT_DOUBLE_EQ(r.aux_loss, 0.375);        // (0.5 + 0.25) / 2
+  EXPECT_DOUBLE_EQ(r.loss, 3.375);
+  EXPECT_DOUBLE_EQ(r.grad_norm, 2.0);
+  EXPECT_DOUBLE_EQ(r.lr, 2e-3);               // the last step's
+  EXPECT_DOUBLE_EQ(r.elapsed, 14.0);          // the run's seconds at the last step
+  EXPECT_GT(r.tok_per_s, 0.0);
+  EXPECT_FALSE(r.allreduce_ms.has_value());   // one process
+  EXPECT_EQ(rec.intervals[0].counts.layers, (std::vector<std::vector<int64_t>>{{3, 5}}));
+  // Step 3 is the last of the run: a short interval of one step.
+  window.on_step(step_info(3, 3, c));
+  ASSERT_EQ(rec.intervals.size(), 2u);
+  EXPECT_DOUBLE_EQ(rec.intervals[1].record.lm_loss, 1.0);
+  EXPECT_EQ(rec.intervals[1].counts.layers, (std::vector<std::vector<int64_t>>{{2, 2}}));
+
+  Recorder multi;
+  IntervalWindow ranks(1, multi, /*multi_rank=*/true);
+  StepStats d = step_stats(1.0, 0.0, 1.0, {});
+  d.comm_seconds = 0.004;
+  ranks.on_step(step_info(1, 5, d));
+  ASSERT_TRUE(multi.intervals.at(0).record.allreduce_ms.has_value());
+  EXPECT_DOUBLE_EQ(*multi.intervals[0].record.allreduce_ms, 4.0);
+}
+
+TEST(Console, LogLinesShowIntervalsEvaluationsCollapsesAndTheEnd) {
+  std::ostringstream text;
+  spdlog::logger log("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  log.set_pattern("%l %v");
+  ConsoleObserver console(log, /*live=*/false);
+  const StepStats st = step_stats(3.0, 0.5, 1.0, {{1, 3}});
+  console.on_step(step_info(1, 4, st));  // 2 s for 1 step: 6 s left
+  IntervalInfo interval;
+  interval.record.step = 1, interval.record.loss = 3.5, interval.record.lm_loss = 3.0;
+  interval.record.aux_loss = 0.5, interval.record.lr = 1e-3, interval.record.grad_norm = 1.0;
+  interval.record.tok_per_s = 250;
+  interval.counts.layers = {{1, 3}};
+  console.on_interval(interval);
+  EvalInfo ev;
+  ev.record = {4, 400, 2.5, std::exp(2.5), 90};
+  ev.documents = 3, ev.seconds = 0.5;
+  console.on_eval(ev);
+  CollapseRecord c;
+  c.message = "routing collapse in layer 0";
+  console.on_collapse(c);
+  console.on_checkpoint({4, "run/checkpoints/step_00000004"});
+  TrainResult done;
+  done.step = 4, done.tokens = 400, done.seconds = 2.0, done.first_val_loss = 2.5, done.last_val_loss = 2.5;
+  console.on_end(done);
+  const std::string out = text.str();
+  for (const char* line :
+       {"info step 1/4 | loss 3.5000 | lm 3.0000 | aux 0.50000 | lr 1.00e-03 | grad 1.000 | 250 tok/s | ETA 6s\n",
+        "info   L0  ▂▆  max 0.75 e1  maxvio 0.50  cv 0.50  H 0.81  dead 0\n",
+        "info eval step 4: val_loss 2.5000 | ppl 12.18 | 90 tokens of 3 documents in 0.5 s\n",
+        "warning routing collapse in layer 0\n", "info checkpoint run/checkpoints/step_00000004\n",
+        "info done: 4 steps, 400 tokens in 2s (200 tok/s); val_loss 2.5000 -> 2.5000\n"})
+    EXPECT_NE(out.find(line), std::string::npos) << "missing: " << line << "in:\n" << out;
+  std::ostringstream stopped_text;
+  spdlog::logger stopped_log("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(stopped_text));
+  ConsoleObserver stopped(stopped_log, false);
+  TrainResult r;
+  r.step = 7, r.interrupted = true, r.signal = SIGTERM;
+  stopped.on_end(r);
+  EXPECT_NE(stopped_text.str().find("stopped at step 7 by signal 15; continue with --resume"), std::string::npos)
+      << stopped_text.str();
+}
+
+TEST(RunLogObserver, WritesTheRecordsOfStepsIntervalsEvaluationsAndEvents) {
+  const std::string dir = temp_dir("runlogobs");
+  {
+    RunLogObserver logs(dir, -1, /*aux_coef=*/0.5);
+    const StepStats st = step_stats(3.0, 0.5, 1.0, {{1, 3}, {4, 0}});
+    logs.on_step(step_info(1, 2, st));
+    IntervalInfo interval;
+    interval.record.step = 1, interval.record.loss = 3.5;
+    logs.on_interval(interval);
+    EvalInfo ev;
+    ev.record = {1, 100, 2.5, std::exp(2.5), 90};
+    ev.counts.layers = {{2, 2}, {3, 1}};
+    logs.on_eval(ev);
+    CollapseRecord c;
+    c.step = 1, c.layer = 1, c.dead_experts = {1}, c.message = "m";
+    logs.on_collapse(c);
+  }
+  const RunLogs r = read_run_logs(dir);
+  ASSERT_EQ(r.train.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.train[0].loss, 3.5);
+  ASSERT_EQ(r.eval.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.eval[0].val_loss, 2.5);
+  ASSERT_EQ(r.train_load.size(), 2u);
+  const LoadRecord& l0 = r.train_load.at(0).at(0);
+  EXPECT_EQ(l0.counts, (std::vector<int64_t>{1, 3}));
+  EXPECT_DOUBLE_EQ(l0.max_share, 0.75);
+  ASSERT_TRUE(l0.aux_unscaled.has_value());
+  EXPECT_DOUBLE_EQ(*l0.aux_unscaled, 0.5);  // layer aux 0.25 / coef 0.5
+  EXPECT_EQ(r.train_load.at(1).at(0).dead_experts, (std::vector<int64_t>{1}));
+  EXPECT_EQ(r.eval_load.at(1).at(0).counts, (std::vector<int64_t>{3, 1}));
+  EXPECT_FALSE(r.eval_load.at(1).at(0).aux_unscaled.has_value());
+  ASSERT_EQ(r.collapses.size(), 1u);
+  EXPECT_EQ(r.collapses[0].dead_experts, (std::vector<int64_t>{1}));
+}
+
+TEST(CollapseWatcher, TellsTheObserversAfterPatienceIntervals) {
+  Recorder rec;
+  CollapseWatcher watcher({0.9, 1, 2}, rec);
+  IntervalInfo collapsed;
+  collapsed.counts.layers = {{50, 50}, {100, 0}};  // layer 1: expert 0 takes all, expert 1 dead
+  for (int64_t step : {10, 20, 30}) {
+    collapsed.record.step = step;
+    watcher.on_interval(collapsed);
+  }
+  ASSERT_EQ(rec.collapses.size(), 1u);  // once per episode, at the second interval
+  EXPECT_EQ(rec.collapses[0].step, 20);
+  EXPECT_EQ(rec.collapses[0].since_step, 10);
+  EXPECT_EQ(rec.collapses[0].layer, 1);
+  EXPECT_EQ(rec.collapses[0].dead_experts, (std::vector<int64_t>{1}));
+}
+
+TEST(Evaluator, EvaluatesAtStartIntervalsAndEndWithTheValidationLoss) {
+  const std::string dir = temp_dir("evaluator");
+  const Config cfg = tiny_config(dir, {"train.eval_interval=3", "train.max_steps=5"});
+  const PreparedData data = prepare_data(cfg.data, cfg.model.vocab_size, 1);
+  const TokenFile val = TokenFile::open(data.val_path);
+  torch::manual_seed(2);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  Distributed one;
+  Recorder rec;
+  Evaluator evaluator(model, val, cfg, one, rec);
+  evaluator.on_start({dir, true, 1, 7, /*resumed=*/true, nullptr});
+  EXPECT_TRUE(rec.evals.empty());  // a resumed run was evaluated before it stopped
+  evaluator.on_start({dir, true, 1, 0, /*resumed=*/false, nullptr});
+  ASSERT_EQ(rec.evals.size(), 1u);
+  const StepStats st;
+  for (int64_t step = 1; step <= 5; ++step) evaluator.on_step(step_info(step, 5, st));
+  ASSERT_EQ(rec.evals.size(), 3u);  // steps 0, 3 and 5 (the last)
+  EXPECT_EQ(rec.evals[1].record.step, 3);
+  EXPECT_EQ(rec.evals[1].record.tokens, 300);
+  EXPECT_EQ(rec.evals[2].record.step, 5);
+  const EvalResult direct = evaluate(model, val, cfg.data.max_seq_len, cfg.train.batch_size);
+  EXPECT_EQ(rec.evals[2].record.val_loss, direct.loss);
+  EXPECT_EQ(rec.evals[2].record.val_tokens, direct.tokens);
+  EXPECT_EQ(rec.evals[2].counts, direct.expert_counts);
+  EXPECT_EQ(evaluator.last_loss(), direct.loss);
+}
+
+TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {
+  const std::string dir = temp_dir("checkpointer");
+  const Config cfg = tiny_config(dir, {"train.checkpoint_interval=4", "train.keep_checkpoints=5"});
+  torch::manual_seed(1);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  auto opt = make_optimizer(model->parameters(), cfg.train);
+  TrainState state;
+  state.config_yaml = config_to_yaml(cfg);
+  Recorder rec;
+  Checkpointer checkpointer(model, *opt, state, dir, cfg.train, rec);
+  const StepStats st;
+  for (int64_t step = 1; step <= 9; ++step) {
+    state.step = step;
+    checkpointer.on_step_end(step_info(step, 10, st), /*last=*/step == 6);  // 6: a stop request
+  }
+  std::vector<int64_t> saved;
+  for (const auto& c : rec.checkpoints) saved.push_back(c.step);
+  EXPECT_EQ(saved, (std::vector<int64_t>{4, 6, 8}));
+  EXPECT_EQ(read_checkpoint_state(rec.checkpoints[1].dir).step, 6);
+  EXPECT_DOUBLE_EQ(read_checkpoint_state(rec.checkpoints[1].dir).elapsed_seconds, 22.0);  // run_seconds
+  EXPECT_EQ(*latest_checkpoint(dir), rec.checkpoints[2].dir);
 }
 
 // Accumulation is exact in exact arithmetic; the test runs in float64 so that float32
@@ -297,92 +482,112 @@ TEST(Checkpoint, KeepsOnlyTheNewest) {
   EXPECT_EQ(names, (std::vector<std::string>{"step_00000003", "step_00000004"}));
 }
 
-TEST(Trainer, ShortRunReducesLossAndWritesLogs) {
+TEST(Trainer, ShortRunLogsWhatItTrained) {
   const std::string dir = temp_dir("e2e");
   Config cfg = tiny_config(dir, {"train.max_steps=30", "train.eval_interval=10", "train.checkpoint_interval=10"});
-  TrainResult r = train(cfg, {dir + "/run", false, false, {}});
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  TrainResult r = train(cfg, options);
   ASSERT_EQ(r.step_losses.size(), 30u);
-  double first = r.step_losses[0], last = 0;
-  for (size_t i = 25; i < 30; ++i) last += r.step_losses[i] / 5;
-  std::printf("train loss %.3f -> %.3f, val loss %.3f -> %.3f\n", first, last, r.first_val_loss, r.last_val_loss);
-  EXPECT_LT(last, first - 0.5);
-  EXPECT_LT(r.last_val_loss, r.first_val_loss - 0.5);
+  EXPECT_EQ(r.step, 30);
+  EXPECT_EQ(r.tokens, 30 * 2 * 4 * 33);  // steps x micro-batches x rows x (max_seq_len + 1)
 
   const std::string run = dir + "/run";
   for (const char* f : {"config.yaml", "tokenizer.model", "train.log", "metrics.jsonl", "expert_load.jsonl"})
     EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
-  EXPECT_NO_THROW(load_config_file(run + "/config.yaml"));
-  int train_lines = 0, eval_lines = 0;
-  for (const auto& j : read_jsonl(run + "/metrics.jsonl")) {
-    if (j["split"] == "train") {
-      ++train_lines;
-      for (const char* k : {"step", "tokens", "loss", "lm_loss", "aux_loss", "lr", "grad_norm", "tok_per_s"})
-        EXPECT_TRUE(j.contains(k)) << k;
-    } else {
-      ++eval_lines;
-      EXPECT_TRUE(j.contains("val_loss"));
+  EXPECT_EQ(config_to_yaml(load_config_file(run + "/config.yaml")), config_to_yaml(cfg));
+  const RunLogs logs = read_run_logs(run);
+  // One train record every 2 steps: the mean of its two steps' losses, as the run returned them.
+  ASSERT_EQ(logs.train.size(), 15u);
+  for (size_t i = 0; i < logs.train.size(); ++i) {
+    const TrainRecord& t = logs.train[i];
+    EXPECT_EQ(t.step, 2 * static_cast<int64_t>(i) + 2);
+    EXPECT_EQ(t.tokens, t.step * 2 * 4 * 33);
+    EXPECT_DOUBLE_EQ(t.loss, (r.step_losses[2 * i] + r.step_losses[2 * i + 1]) / 2.0);
+    EXPECT_NEAR(t.loss, t.lm_loss + t.aux_loss, 1e-12);
+    EXPECT_DOUBLE_EQ(t.lr, learning_rate_at(t.step - 1, 30, 3e-3, 0));
+  }
+  // Evaluations at steps 0, 10, 20, 30; the first and last are the run's.
+  ASSERT_EQ(logs.eval.size(), 4u);
+  EXPECT_EQ(logs.eval[0].step, 0);
+  EXPECT_EQ(logs.eval[3].step, 30);
+  EXPECT_EQ(logs.eval[0].val_loss, r.first_val_loss);
+  EXPECT_EQ(logs.eval[3].val_loss, r.last_val_loss);
+  EXPECT_LT(r.last_val_loss, r.first_val_loss);
+  // One load record per (step, MoE layer): 2 micro-batches x 4 rows x 33 tokens x top-2.
+  ASSERT_EQ(logs.train_load.size(), 2u);
+  for (const auto& [layer, records] : logs.train_load) {
+    ASSERT_EQ(records.size(), 30u) << layer;
+    for (const LoadRecord& l : records) {
+      EXPECT_EQ(std::accumulate(l.counts.begin(), l.counts.end(), int64_t{0}), 2 * 4 * 33 * 2);
+      ASSERT_TRUE(l.aux_unscaled.has_value());  // coef 5e-4: each layer's aux is logged
+      EXPECT_GE(*l.aux_unscaled, 2.0 - 1e-9);   // Switch's aux is >= k = 2 (top-2 form)
     }
   }
-  EXPECT_EQ(train_lines, 15);  // every 2 steps
-  EXPECT_EQ(eval_lines, 4);    // steps 0, 10, 20, 30
-  int64_t train_load = 0;
-  for (const auto& j : read_jsonl(run + "/expert_load.jsonl")) {
-    if (j["split"] != "train") continue;
-    ++train_load;
-    // Counts of one step: 2 micro-batches x 4 rows x 33 tokens x top-2.
-    int64_t sum = 0;
-    for (int64_t c : j["counts"]) sum += c;
-    EXPECT_EQ(sum, 2 * 4 * 33 * 2);
-    for (const char* k : {"share", "max_vio", "cv", "entropy", "max_share", "dead", "aux_unscaled"})
-      EXPECT_TRUE(j.contains(k)) << k;
-  }
-  EXPECT_EQ(train_load, 30 * 2);  // one per (step, MoE layer)
+  // Evaluation loads count every real validation token k times.
+  EXPECT_EQ(logs.eval_load.at(0).size(), 4u);
   // The checkpoint's weights are MiniMind-format and load strictly into a fresh model.
   MiniMindForCausalLM check(cfg.model);
   EXPECT_NO_THROW(load_weights(check, run + "/checkpoints/step_00000030/model.pth"));
 }
 
-TEST(Trainer, ResumeContinuesWithTheSameLosses) {
+TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
   const std::string dir = temp_dir("resume");
   Config cfg = tiny_config(dir);
-  TrainResult full = train(cfg, {dir + "/full", false, false, {}});
+  TrainOptions full_options;
+  full_options.out_dir = dir + "/full";
+  TrainResult full = train(cfg, full_options);
   ASSERT_EQ(full.step_losses.size(), 8u);
 
-  TrainOptions stop_at_5{dir + "/split", false, false, [](int64_t step, MiniMindForCausalLM&) { return step == 5; }};
-  TrainResult first = train(cfg, stop_at_5);
+  TrainOptions first_options;
+  first_options.out_dir = dir + "/split";
+  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 5; };
+  TrainResult first = train(cfg, first_options);
   EXPECT_TRUE(first.interrupted);
   EXPECT_EQ(first.step, 5);
-  TrainResult second = train(cfg, {dir + "/split", true, false, {}});
+  TrainOptions resume;
+  resume.out_dir = dir + "/split";
+  resume.resume = true;
+  TrainResult second = train(cfg, resume);
   EXPECT_FALSE(second.interrupted);
   std::vector<double> joined = first.step_losses;
   joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
   // One thread: bitwise the same sequence of losses.
   EXPECT_EQ(joined, full.step_losses);
-  // metrics.jsonl holds each step once.
+  // metrics.jsonl holds each step once, and the per-step load records match the full run's.
+  const RunLogs split_logs = read_run_logs(dir + "/split"), full_logs = read_run_logs(dir + "/full");
   std::vector<int64_t> steps;
-  for (const auto& j : read_jsonl(dir + "/split/metrics.jsonl"))
-    if (j["split"] == "train") steps.push_back(j["step"]);
+  for (const auto& t : split_logs.train) steps.push_back(t.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6, 8}));
+  for (const auto& [layer, records] : full_logs.train_load) {
+    ASSERT_EQ(split_logs.train_load.at(layer).size(), records.size());
+    for (size_t i = 0; i < records.size(); ++i)
+      EXPECT_EQ(split_logs.train_load.at(layer)[i].counts, records[i].counts) << layer << " " << i;
+  }
 
   // A different architecture is refused, naming the key.
   Config other = tiny_config(dir, {"model.hidden_size=64"});
-  try {
-    train(other, {dir + "/split", true, false, {}});
-    FAIL();
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("model.hidden_size: 32 -> 64"), std::string::npos) << e.what();
-  }
+  EXPECT_NE(error_of<CheckpointError>([&] { train(other, resume); }).find("model.hidden_size: 32 -> 64"),
+            std::string::npos);
   // Starting again over an existing run needs --overwrite.
-  EXPECT_THROW(train(cfg, {dir + "/split", false, false, {}}), TrainError);
+  TrainOptions again;
+  again.out_dir = dir + "/split";
+  EXPECT_NE(error_of<TrainError>([&] { train(cfg, again); }).find("hint: use --resume"), std::string::npos);
 }
 
-TEST(Trainer, SigintSavesACheckpointAndStops) {
-  const std::string dir = temp_dir("sigint");
+TEST(Trainer, StopRequestSavesACheckpointAndStops) {
+  const std::string dir = temp_dir("stop");
   Config cfg = tiny_config(dir, {"train.checkpoint_interval=100"});
-  TrainResult r = train(cfg, {dir + "/run", false, false, [](int64_t step, MiniMindForCausalLM&) {
-                                if (step == 2) std::raise(SIGINT);
-                                return false;
-                              }});
+  StopFlag stop;
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  options.stop = &stop;
+  // What the main's SIGINT handler does, here after step 2.
+  options.after_step = [&](int64_t step, MiniMindForCausalLM&) {
+    if (step == 2) stop.request(SIGINT);
+    return false;
+  };
+  TrainResult r = train(cfg, options);
   EXPECT_TRUE(r.interrupted);
   EXPECT_EQ(r.signal, SIGINT);
   EXPECT_EQ(r.step, 2);
@@ -394,20 +599,19 @@ TEST(Trainer, SigintSavesACheckpointAndStops) {
 TEST(Trainer, NonFiniteLossStopsAndKeepsLastGoodCheckpoint) {
   const std::string dir = temp_dir("nan");
   Config cfg = tiny_config(dir, {"train.checkpoint_interval=2"});
-  try {
-    train(cfg, {dir + "/run", false, false, [](int64_t step, MiniMindForCausalLM& m) {
-                  if (step == 3) {
-                    torch::NoGradGuard ng;
-                    m->named_parameters()["model.norm.weight"].fill_(NAN);
-                  }
-                  return false;
-                }});
-    FAIL() << "no error";
-  } catch (const TrainError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("non-finite loss at step 4"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("step_00000002"), std::string::npos) << msg;
-  }
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  options.after_step = [](int64_t step, MiniMindForCausalLM& m) {
+    if (step == 3) {
+      torch::NoGradGuard ng;
+      m->named_parameters()["model.norm.weight"].fill_(NAN);
+    }
+    return false;
+  };
+  const std::string msg = error_of<TrainError>([&] { train(cfg, options); });
+  EXPECT_NE(msg.find("non-finite loss at step 4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("step_00000002"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: try a lower train.learning_rate"), std::string::npos) << msg;
   auto latest = latest_checkpoint(dir + "/run");
   ASSERT_TRUE(latest.has_value());
   MiniMindForCausalLM model(cfg.model);
@@ -421,15 +625,87 @@ TEST(Trainer, CollapseEventsAreLogged) {
   // Thresholds so low that any layer counts as collapsed: the event must reach events.jsonl.
   Config cfg = tiny_config(dir, {"log.interval=1", "log.collapse_max_share=0.0", "log.collapse_patience=2",
                                  "train.max_steps=3"});
-  train(cfg, {dir + "/low", false, false, {}});
-  auto events = read_jsonl(dir + "/low/events.jsonl");
-  ASSERT_EQ(events.size(), 2u);  // one per MoE layer, at step 2
-  EXPECT_EQ(events[0]["event"], "collapse");
-  EXPECT_EQ(events[0]["step"], 2);
+  TrainOptions low;
+  low.out_dir = dir + "/low";
+  train(cfg, low);
+  const RunLogs logs = read_run_logs(dir + "/low");
+  ASSERT_EQ(logs.collapses.size(), 2u);  // one per MoE layer, at step 2
+  for (int64_t layer : {0, 1}) {
+    const CollapseRecord& c = logs.collapses[layer];
+    EXPECT_EQ(c.layer, layer);
+    EXPECT_EQ(c.step, 2);
+    EXPECT_EQ(c.since_step, 1);
+    // The expert named is the layer's largest over the interval of step 2.
+    const LoadRecord& load = logs.train_load.at(layer).at(1);
+    EXPECT_EQ(c.expert, load.max_expert);
+    EXPECT_DOUBLE_EQ(c.max_share, load.max_share);
+  }
   // With the defaults (0.9, one dead expert, 3 intervals) a short healthy run stays quiet.
   Config quiet = tiny_config(dir, {"log.interval=1", "train.max_steps=3"});
-  train(quiet, {dir + "/default", false, false, {}});
-  EXPECT_TRUE(read_jsonl(dir + "/default/events.jsonl").empty());
+  TrainOptions options;
+  options.out_dir = dir + "/default";
+  train(quiet, options);
+  EXPECT_TRUE(read_run_logs(dir + "/default").collapses.empty());
+}
+
+// Golden losses: 12 steps of the shipped configs/moe.yaml, one thread, fixed seed, written
+// by the binary before the structure change (tests/golden/moe_12_steps.txt). Every value is
+// compared exactly, so any change to numerics fails here, naming the first step that moved.
+// OpenBLAS picks its kernels by CPU: on a machine whose kernel set differs from the one the
+// file was written with, summation order differs and the values are compared to 1e-4.
+TEST(Golden, MoePresetLossesPerStep) {
+  const std::string dir = temp_dir("golden");
+  std::ifstream golden(source_path("tests/golden/moe_12_steps.txt"));
+  ASSERT_TRUE(golden.good());
+  std::string golden_core;
+  std::vector<std::vector<double>> train_rows;
+  std::vector<std::pair<int64_t, double>> eval_rows;
+  for (std::string line; std::getline(golden, line);) {
+    std::istringstream in(line);
+    std::string kind;
+    in >> kind;
+    if (kind == "#" && line.rfind("# openblas core: ", 0) == 0) golden_core = line.substr(17);
+    if (kind == "train") {
+      std::vector<double> v(5);
+      for (double& x : v) in >> x;  // step, loss, lm_loss, aux_loss, grad_norm
+      train_rows.push_back(v);
+    } else if (kind == "eval") {
+      int64_t step;
+      double loss;
+      in >> step >> loss;
+      eval_rows.emplace_back(step, loss);
+    }
+  }
+  ASSERT_EQ(train_rows.size(), 12u);
+  Config cfg = load_config(source_path("configs/moe.yaml"),
+                           {"run.threads=1", "train.max_steps=12", "train.warmup_steps=4", "log.interval=1",
+                            "data.train=" + source_path("data/austen.jsonl"), "data.cache_dir=" + dir + "/cache"})
+                   .config;
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  const TrainResult r = train(cfg, options);
+  const RunLogs logs = read_run_logs(dir + "/run");
+  ASSERT_EQ(logs.train.size(), 12u);
+  const bool same_kernels = blas_core_name() == golden_core;
+  const double tol = same_kernels ? 0.0 : 1e-4;
+  if (!same_kernels)
+    std::printf("OpenBLAS kernels '%s' differ from the golden file's '%s': comparing to %g\n",
+                blas_core_name().c_str(), golden_core.c_str(), tol);
+  for (size_t i = 0; i < 12; ++i) {
+    const TrainRecord& t = logs.train[i];
+    const std::vector<double>& g = train_rows[i];
+    ASSERT_EQ(t.step, static_cast<int64_t>(g[0]));
+    ASSERT_NEAR(t.loss, g[1], tol) << "loss diverged at step " << t.step;
+    ASSERT_NEAR(r.step_losses[i], g[1], tol) << "loss diverged at step " << t.step;
+    ASSERT_NEAR(t.lm_loss, g[2], tol) << "LM loss diverged at step " << t.step;
+    ASSERT_NEAR(t.aux_loss, g[3], tol) << "aux loss diverged at step " << t.step;
+    ASSERT_NEAR(t.grad_norm, g[4], tol) << "grad norm diverged at step " << t.step;
+  }
+  ASSERT_EQ(logs.eval.size(), eval_rows.size());
+  for (size_t i = 0; i < eval_rows.size(); ++i) {
+    EXPECT_EQ(logs.eval[i].step, eval_rows[i].first);
+    EXPECT_NEAR(logs.eval[i].val_loss, eval_rows[i].second, tol) << "val loss at step " << eval_rows[i].first;
+  }
 }
 
 // ---- Multi-process set-up: torchrun's variables, and a world of one doing nothing.

@@ -6,11 +6,11 @@
 #include <cmath>
 
 #include "minimind/run/routing_metrics.h"
+#include "minimind/util/glyphs.h"
 
 namespace minimind {
 
 std::string sparkline(const std::vector<double>& values, size_t width) {
-  static const char* bars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
   if (values.empty() || width == 0) return "";
   const size_t n = std::min(width, values.size());
   std::vector<double> buckets(n, 0.0);
@@ -21,8 +21,7 @@ std::string sparkline(const std::vector<double>& values, size_t width) {
   const auto [mn, mx] = std::minmax_element(buckets.begin(), buckets.end());
   std::string out;
   for (double v : buckets) {
-    const int level = *mx > *mn ? static_cast<int>(std::lround((v - *mn) / (*mx - *mn) * 7)) : 3;
-    out += bars[std::clamp(level, 0, 7)];
+    out += bar_glyph(*mx > *mn ? std::lround((v - *mn) / (*mx - *mn) * 7) : 3);
   }
   return out;
 }

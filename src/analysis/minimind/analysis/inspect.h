@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "minimind/run/run_logs.h"
+#include "minimind/run/run_log.h"
 
 namespace minimind {
 

@@ -93,7 +93,7 @@ std::string share_color(double rel) {
 }
 
 // Experts x steps heatmap of one layer (steps bucketed to at most 240 columns).
-std::string heatmap(int64_t layer, const std::vector<LoadPoint>& points,
+std::string heatmap(int64_t layer, const std::vector<LoadRecord>& points,
                     const std::vector<int64_t>& events, double x_max) {
   const size_t E = points.empty() ? 0 : points[0].counts.size();
   const double W = 560, L = 56, R = 12, T = 28, cell_h = std::max(10.0, 120.0 / std::max<size_t>(E, 1));

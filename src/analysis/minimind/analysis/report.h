@@ -5,7 +5,8 @@
 
 #include <string>
 
-#include "minimind/run/run_logs.h"
+#include "minimind/run/run_log.h"
+#include "minimind/train/observer.h"
 
 namespace minimind {
 
@@ -13,5 +14,18 @@ std::string render_report(const RunLogs& logs);
 
 // Renders the report of run_dir into run_dir/report.html (atomically); returns its path.
 std::string write_report(const std::string& run_dir);
+
+// Writes the report when a training run ends (rank 0); minimind-train adds it to the
+// trainer's observers.
+class ReportWriter : public Observer {
+ public:
+  void on_start(const RunStart& s) override { start_ = s; }
+  void on_end(const TrainResult&) override {
+    if (start_.main_rank) start_.log->info("report {}", write_report(start_.run_dir));
+  }
+
+ private:
+  RunStart start_;
+};
 
 }  // namespace minimind

@@ -4,11 +4,12 @@
 #include <link.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+
+#include "minimind/util/stopwatch.h"
 
 namespace minimind {
 
@@ -26,6 +27,12 @@ std::string loaded_blas_library() {
       },
       &found);
   return found;
+}
+
+std::string blas_core_name() {
+  using CoreName = char* (*)();
+  auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return fn ? fn() : "";
 }
 
 bool set_blas_threads(int n) {
@@ -54,9 +61,9 @@ BlasReport check_blas(int64_t n) {
   torch::Tensor c = torch::mm(a, b);  // warm-up: thread pools, page faults
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch clock;
     torch::mm_out(c, a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, clock.seconds());
   }
   const double gflops = 2.0 * n * n * n / best / 1e9;
   return {loaded_blas_library(), gflops, gflops >= kMinSaneGflops};

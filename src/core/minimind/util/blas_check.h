@@ -18,6 +18,10 @@ BlasReport check_blas(int64_t n = 384);
 // The real file behind the libblas.so.3 mapped into this process ("" if none).
 std::string loaded_blas_library();
 
+// The CPU kernel set OpenBLAS chose for this machine ("Haswell", "SkylakeX", ...; "" for
+// another BLAS). Different kernels sum in different orders: results agree to rounding only.
+std::string blas_core_name();
+
 // Sets OpenBLAS's own thread count (no-op for another BLAS); returns false if the loaded
 // BLAS has no such control.
 bool set_blas_threads(int n);

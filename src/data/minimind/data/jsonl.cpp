@@ -46,7 +46,8 @@ std::string CorpusStats::summary(const std::string& path) const {
 }
 
 CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
-                        const std::function<void(std::string_view, int64_t)>& on_record) {
+                        const std::function<void(std::string_view, int64_t)>& on_record,
+                        spdlog::logger& log) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot read corpus '" + path + "' (missing file?)");
   CorpusStats stats;
@@ -58,8 +59,8 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
     ++stats.skipped;
     ++stats.skipped_by_reason[reason];
     if (warned < options.max_warnings) {
-      spdlog::warn("{}:{}: {}; record skipped", path, line, reason);
-      if (++warned == options.max_warnings) spdlog::warn("{}: further bad records are only counted", path);
+      log.warn("{}:{}: {}; record skipped", path, line, reason);
+      if (++warned == options.max_warnings) log.warn("{}: further bad records are only counted", path);
     }
   };
 

@@ -1,6 +1,8 @@
 // Reading MiniMind's pretraining JSONL: one {"text": "..."} object per line.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -27,9 +29,11 @@ struct CorpusOptions {
 // Calls on_record(text, line_number) for each usable record, in file order. Bad lines
 // (invalid JSON, invalid UTF-8, no string "text", empty text, blank line) are skipped
 // with a warning naming file and line, or throw DataError when options.strict.
-// A missing file or a corpus without a single usable record throws DataError.
+// A missing file or a corpus without a single usable record throws DataError. Warnings go
+// to `log`.
 CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
-                        const std::function<void(std::string_view text, int64_t line)>& on_record);
+                        const std::function<void(std::string_view text, int64_t line)>& on_record,
+                        spdlog::logger& log = *spdlog::default_logger());
 
 // True when s is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
 bool is_valid_utf8(std::string_view s);

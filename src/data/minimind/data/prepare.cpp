@@ -4,7 +4,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +14,7 @@
 #include "minimind/data/tokenizer.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/mix64.h"
+#include "minimind/util/stopwatch.h"
 
 namespace fs = std::filesystem;
 
@@ -23,11 +23,6 @@ namespace {
 
 // Bump when the tokenizer options or the token-file recipe change: old caches then miss.
 constexpr int kTokenizerRecipe = 1;
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -61,38 +56,41 @@ struct Records {
   CorpusStats stats;
 };
 
-Records load_records(const std::string& path, bool strict) {
+Records load_records(const std::string& path, bool strict, spdlog::logger& log) {
   Records r;
   r.stats = read_corpus(path, {strict, 20},
-                        [&](std::string_view text, int64_t) { r.texts.emplace_back(text); });
-  spdlog::info("{}", r.stats.summary(path));
+                        [&](std::string_view text, int64_t) { r.texts.emplace_back(text); }, log);
+  log.info("{}", r.stats.summary(path));
   return r;
 }
 
 // Prints progress about once a second: done/total, rate and ETA.
 class Progress {
  public:
-  Progress(std::string label, int64_t total) : label_(std::move(label)), total_(total) {}
+  Progress(std::string label, int64_t total, spdlog::logger& log)
+      : label_(std::move(label)), total_(total), log_(log) {}
   void update(int64_t done) {
-    if (seconds_since(last_) < 1.0 || done >= total_) return;
-    last_ = Clock::now();
-    const double rate = done / std::max(1e-9, seconds_since(start_));
-    spdlog::info("{}: {}/{} records ({:.0f} records/s, ETA {:.0f} s)", label_, done, total_, rate,
+    if (since_last_.seconds() < 1.0 || done >= total_) return;
+    since_last_.restart();
+    const double rate = done / std::max(1e-9, since_start_.seconds());
+    log_.info("{}: {}/{} records ({:.0f} records/s, ETA {:.0f} s)", label_, done, total_, rate,
                  (total_ - done) / std::max(rate, 1e-9));
   }
-  double elapsed() const { return seconds_since(start_); }
+  double elapsed() const { return since_start_.seconds(); }
 
  private:
   std::string label_;
   int64_t total_;
-  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+  spdlog::logger& log_;
+  Stopwatch since_start_, since_last_;
 };
 
 // Tokenises texts (in parallel, order kept) into a token file; returns its token count.
 uint64_t write_tokens(const Tokenizer& tok, const std::vector<const std::string*>& texts,
-                      const std::string& path, SourceKey key, int threads, const std::string& label) {
+                      const std::string& path, SourceKey key, int threads, const std::string& label,
+                      spdlog::logger& log) {
   TokenFileWriter writer(path, static_cast<uint32_t>(tok.vocab_size()), key);
-  Progress progress("tokenising " + label, static_cast<int64_t>(texts.size()));
+  Progress progress("tokenising " + label, static_cast<int64_t>(texts.size()), log);
   uint64_t bytes = 0;
   const size_t chunk = 256;
   const size_t n_threads = static_cast<size_t>(std::max(1, threads));
@@ -103,13 +101,7 @@ uint64_t write_tokens(const Tokenizer& tok, const std::vector<const std::string*
       const size_t hi = std::min(texts.size(), lo + chunk);
       parts.push_back(std::async(std::launch::async, [&, lo, hi] {
         std::vector<std::vector<int32_t>> docs;
-        for (size_t i = lo; i < hi; ++i) {
-          std::vector<int32_t> ids{kBosId};
-          std::vector<int32_t> body = tok.encode(*texts[i]);
-          ids.insert(ids.end(), body.begin(), body.end());
-          ids.push_back(kEosId);
-          docs.push_back(std::move(ids));
-        }
+        for (size_t i = lo; i < hi; ++i) docs.push_back(tok.encode_document(*texts[i]));
         return docs;
       }));
     }
@@ -121,18 +113,18 @@ uint64_t write_tokens(const Tokenizer& tok, const std::vector<const std::string*
   }
   writer.finish();
   const double secs = progress.elapsed();
-  spdlog::info("tokenised {}: {} records, {} tokens in {:.2f} s ({:.2f} MB/s, {:.0f} tokens/s)",
+  log.info("tokenised {}: {} records, {} tokens in {:.2f} s ({:.2f} MB/s, {:.0f} tokens/s)",
                label, texts.size(), writer.num_tokens(), secs, bytes / 1e6 / secs,
                writer.num_tokens() / secs);
   return writer.num_tokens();
 }
 
-bool usable(const std::string& path, const SourceKey& key) {
+bool usable(const std::string& path, const SourceKey& key, spdlog::logger& log) {
   if (!fs::exists(path)) return false;
   try {
     return TokenFile::open(path).source_key() == key;
   } catch (const DataError& e) {
-    spdlog::warn("{}; preparing it again", e.what());
+    log.warn("{}; preparing it again", e.what());
     return false;
   }
 }
@@ -151,8 +143,9 @@ std::vector<bool> validation_mask(int64_t n, double fraction) {
   return mask;
 }
 
-PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads) {
-  const auto t0 = Clock::now();
+PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads,
+                          spdlog::logger& log) {
+  const Stopwatch total;
   PreparedData out;
   const std::string corpus = read_file(data.train, "corpus");
   const std::string val_corpus = data.val.empty() ? "" : read_file(data.val, "validation corpus");
@@ -163,7 +156,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   // Records are parsed only when something has to be made.
   std::optional<Records> train_records, val_records;
   auto train_split = [&]() -> Records& {
-    if (!train_records) train_records = load_records(data.train, data.strict);
+    if (!train_records) train_records = load_records(data.train, data.strict, log);
     return *train_records;
   };
 
@@ -187,19 +180,15 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
       std::vector<std::string_view> texts;
       for (size_t i = 0; i < r.texts.size(); ++i)
         if (!held_out[i]) texts.push_back(r.texts[i]);
-      spdlog::info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
-      const auto tt = Clock::now();
+      log.info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
+      const Stopwatch training;
       model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
       write_file_atomic(out.tokenizer_path, model_bytes);
-      spdlog::info("tokenizer trained in {:.2f} s -> {}", seconds_since(tt), out.tokenizer_path);
+      log.info("tokenizer trained in {:.2f} s -> {}", training.seconds(), out.tokenizer_path);
     }
   }
   Tokenizer tok = Tokenizer::from_bytes(model_bytes, out.tokenizer_path);
-  if (tok.vocab_size() != vocab_size)
-    throw DataError("tokenizer '" + out.tokenizer_path + "' has " + std::to_string(tok.vocab_size()) +
-                    " pieces but model.vocab_size is " + std::to_string(vocab_size) +
-                    "; set model.vocab_size to " + std::to_string(tok.vocab_size()) +
-                    " or use another tokenizer");
+  tok.check_vocab_size(vocab_size);
 
   // 2. Token files, keyed on corpus, split and tokenizer content.
   const SourceKey key = content_key({"tokens", std::to_string(kTokenFileVersion),
@@ -209,7 +198,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   out.train_path = (dir / "train.tok").string();
   const bool has_val = !data.val.empty() || data.val_fraction > 0;
   out.val_path = has_val ? (dir / "val.tok").string() : "";
-  out.tokens_cached = usable(out.train_path, key) && (!has_val || usable(out.val_path, key));
+  out.tokens_cached =
+      usable(out.train_path, key, log) && (!has_val || usable(out.val_path, key, log));
   if (!out.tokens_cached) {
     fs::create_directories(dir);
     Records& r = train_split();
@@ -219,11 +209,11 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
       for (size_t i = 0; i < r.texts.size(); ++i) (held_out[i] ? val_texts : train_texts).push_back(&r.texts[i]);
     } else {
       for (const auto& t : r.texts) train_texts.push_back(&t);
-      val_records = load_records(data.val, data.strict);
+      val_records = load_records(data.val, data.strict, log);
       for (const auto& t : val_records->texts) val_texts.push_back(&t);
     }
-    write_tokens(tok, train_texts, out.train_path, key, threads, "train");
-    if (has_val) write_tokens(tok, val_texts, out.val_path, key, threads, "val");
+    write_tokens(tok, train_texts, out.train_path, key, threads, "train", log);
+    if (has_val) write_tokens(tok, val_texts, out.val_path, key, threads, "val", log);
   }
   TokenFile train = TokenFile::open(out.train_path);
   out.train_tokens = train.num_tokens();
@@ -233,8 +223,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     out.val_tokens = val.num_tokens();
     out.val_docs = val.num_docs();
   }
-  spdlog::info("data ready in {:.2f} s{}: train {} tokens ({} docs), val {} tokens ({} docs)",
-               seconds_since(t0), out.tokens_cached && out.tokenizer_cached ? " (cached)" : "",
+  log.info("data ready in {:.2f} s{}: train {} tokens ({} docs), val {} tokens ({} docs)",
+               total.seconds(), out.tokens_cached && out.tokenizer_cached ? " (cached)" : "",
                out.train_tokens, out.train_docs, out.val_tokens, out.val_docs);
   return out;
 }

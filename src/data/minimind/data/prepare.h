@@ -1,10 +1,11 @@
 // Data preparation: corpus -> tokenizer -> train/val token files, cached by content.
 #pragma once
 
+#include <spdlog/spdlog.h>
+
 #include <string>
 
 #include "minimind/config.h"
-#include "minimind/error.h"
 #include "minimind/data/token_file.h"
 
 namespace minimind {
@@ -22,8 +23,10 @@ struct PreparedData {
 // Makes sure a tokenizer and token files for this data config exist under
 // data.cache_dir and returns their paths. Work is skipped when files made from the same
 // content (corpus bytes, tokenizer bytes, split, format version) are already there; a
-// changed corpus gets new files. Throws DataError / TokenizerError with a clear message.
-PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads);
+// changed corpus gets new files. Progress goes to `log` (a run's log includes it). Throws
+// DataError / TokenizerError with a clear message.
+PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads,
+                          spdlog::logger& log = *spdlog::default_logger());
 
 // Which records of a corpus of n records are held out for validation: exactly
 // ceil(fraction * n) of them, spread over the corpus, the same for the same n.

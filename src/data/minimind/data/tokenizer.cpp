@@ -88,6 +88,7 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
   if (spm().load(model_bytes.data(), model_bytes.size(), &t.handle_->spm, err, sizeof(err)) != 0)
     throw TokenizerError("'" + source + "' is not a sentencepiece model: " + err);
   t.bytes_ = std::move(model_bytes);
+  t.source_ = source;
   return t;
 }
 
@@ -165,6 +166,23 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out(ids, ids + n);
   spm().free(ids);
   return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_document(std::string_view text) const {
+  std::vector<int32_t> ids{kBosId};
+  const std::vector<int32_t> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.push_back(kEosId);
+  return ids;
+}
+
+void Tokenizer::check_vocab_size(int64_t model_vocab_size) const {
+  if (vocab_size() == model_vocab_size) return;
+  throw TokenizerError("tokenizer '" + source_ + "' has " + std::to_string(vocab_size()) +
+                           " pieces but model.vocab_size is " + std::to_string(model_vocab_size),
+                       "set model.vocab_size to " + std::to_string(vocab_size()) +
+                           ", or use the tokenizer the model was trained with (its run's "
+                           "tokenizer.model)");
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -30,15 +30,20 @@ class Tokenizer {
   static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size);
 
   std::vector<int32_t> encode(std::string_view text) const;
+  // A document as MiniMind stores it for training and evaluation: [bos] + encode(text) + [eos].
+  std::vector<int32_t> encode_document(std::string_view text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string piece(int32_t id) const;
   int32_t vocab_size() const;
   const std::string& model_bytes() const { return bytes_; }
+  // Throws TokenizerError unless the tokenizer has exactly model.vocab_size pieces.
+  void check_vocab_size(int64_t model_vocab_size) const;
 
  private:
   struct Handle;
   std::shared_ptr<Handle> handle_;
   std::string bytes_;
+  std::string source_;  // the file (or name) it came from, for messages
 };
 
 }  // namespace minimind

@@ -11,12 +11,12 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include "minimind/util/stopwatch.h"
 
 namespace minimind {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
@@ -112,7 +112,7 @@ Distributed::~Distributed() = default;
 
 void Distributed::run(const char* what, const std::function<void()>& op) {
   if (!group_) return;
-  const auto t0 = Clock::now();
+  const Stopwatch watch;
   try {
     op();
   } catch (const std::exception& e) {
@@ -121,7 +121,7 @@ void Distributed::run(const char* what, const std::function<void()>& op) {
         "{} s; the job stops here (the last checkpoint is intact): {}",
         env_.rank, env_.world_size, what, timeout_.count() / 1000.0, e.what()));
   }
-  comm_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  comm_seconds_ += watch.seconds();
 }
 
 void Distributed::all_reduce_sum(torch::Tensor& t) {
@@ -129,6 +129,20 @@ void Distributed::all_reduce_sum(torch::Tensor& t) {
     std::vector<torch::Tensor> v{t};
     group_->pg->allreduce(v)->wait();
   });
+}
+
+void Distributed::all_reduce_sum(std::vector<int64_t>& values) {
+  if (!group_ || values.empty()) return;
+  torch::Tensor t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                                     torch::kLong);  // a view of `values`, reduced in place
+  all_reduce_sum(t);
+}
+
+void Distributed::all_reduce_sum(std::vector<double>& values) {
+  if (!group_ || values.empty()) return;
+  torch::Tensor t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())},
+                                     torch::kFloat64);
+  all_reduce_sum(t);
 }
 
 void Distributed::all_reduce_max(torch::Tensor& t) {

@@ -47,6 +47,9 @@ class Distributed {
   // In place, elementwise over ranks. CPU tensors of any dtype Gloo knows.
   void all_reduce_sum(torch::Tensor& t);
   void all_reduce_max(torch::Tensor& t);
+  // The same on plain numbers (counts, loss sums), in place.
+  void all_reduce_sum(std::vector<int64_t>& values);
+  void all_reduce_sum(std::vector<double>& values);
   // Gradients of `params` (all defined: fill_missing_gradients first) replaced by their
   // mean over ranks, moved in flat buffers of at most bucket_bytes each.
   void average_gradients(const std::vector<torch::Tensor>& params,

@@ -24,6 +24,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
       ckpt = path;
     }
     TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
+    m.step = state.step;
     m.config = config_path.empty() ? load_config_string(state.config_yaml, ckpt + "/state.json")
                                    : load_config_file(config_path);
     m.run_dir = fs::path(ckpt).parent_path().parent_path().string();
@@ -49,10 +50,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
     return m;
   }
   m.tokenizer = Tokenizer::from_file(tok);
-  if (m.tokenizer->vocab_size() != m.config.model.vocab_size)
-    throw TokenizerError("tokenizer '" + tok + "' has " + std::to_string(m.tokenizer->vocab_size()) +
-                         " pieces but the model's vocab_size is " +
-                         std::to_string(m.config.model.vocab_size) + "; use the run's tokenizer.model");
+  m.tokenizer->check_vocab_size(m.config.model.vocab_size);
   return m;
 }
 
@@ -65,11 +63,7 @@ TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok, const 
     int64_t n = 0;
     read_corpus(jsonl, {}, [&](std::string_view text, int64_t) {
       if (max_docs >= 0 && n >= max_docs) return;
-      std::vector<int32_t> ids{kBosId};
-      std::vector<int32_t> body = tok.encode(text);
-      ids.insert(ids.end(), body.begin(), body.end());
-      ids.push_back(kEosId);
-      w.add_document(ids);
+      w.add_document(tok.encode_document(text));
       ++n;
     });
     w.finish();

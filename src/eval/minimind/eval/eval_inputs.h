@@ -18,6 +18,7 @@ struct EvalModel {
   std::optional<Tokenizer> tokenizer;
   std::string run_dir;   // "" for a bare .pth
   std::string weights;   // the .pth loaded
+  int64_t step = 0;      // the checkpoint's optimizer steps (0 for a bare .pth)
 };
 
 // path: checkpoints/step_X/ (config from its state.json), a run directory (its newest

@@ -7,11 +7,16 @@
 namespace minimind {
 
 EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs, int64_t rank, int64_t world) {
+                    int64_t batch_size, int64_t max_docs, Distributed* dist) {
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;
+  const int64_t rank = dist ? dist->rank() : 0, world = dist ? dist->world_size() : 1;
+  const ModelConfig& m = model->config();
   EvalResult r;
+  // Sized from the config, so that a rank that gets no batch still sums with the others.
+  r.expert_counts = ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0,
+                                        static_cast<size_t>(m.num_experts));
   const int64_t n = max_docs < 0 ? static_cast<int64_t>(docs.num_docs())
                                  : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
   double loss_sum = 0;
@@ -21,26 +26,29 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
     int64_t L = 2;
     for (int64_t d = first; d < first + B; ++d)
       L = std::max<int64_t>(L, std::min<int64_t>(docs.doc_length(d), max_seq_len));
-    torch::Tensor ids = torch::empty({B, L}, torch::kLong), labels = torch::empty({B, L}, torch::kLong);
+    torch::Tensor ids = torch::empty({B, L}, torch::kLong);     // [B, L]
+    torch::Tensor labels = torch::empty({B, L}, torch::kLong);  // [B, L]
     for (int64_t b = 0; b < B; ++b)
       fill_pad_row(docs, static_cast<uint64_t>(first + b), L, ids.data_ptr<int64_t>() + b * L,
                    labels.data_ptr<int64_t>() + b * L);
     ForwardOutput out = model(ids);
     const int64_t V = out.logits.size(-1);
-    torch::Tensor targets = labels.narrow(1, 1, L - 1).reshape({-1});             // [B*(L-1)]
+    torch::Tensor targets = labels.narrow(1, 1, L - 1).reshape({-1});  // [B*(L-1)]
     torch::Tensor ce = torch::nn::functional::cross_entropy(
         out.logits.narrow(1, 0, L - 1).reshape({-1, V}), targets,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
     loss_sum += ce.item<double>();
     r.tokens += (targets != -100).sum().item<int64_t>();
     r.documents += B;
-    if (r.expert_counts.empty()) r.expert_counts.resize(out.expert_counts.size());
-    for (size_t l = 0; l < out.expert_counts.size(); ++l) {
-      const torch::Tensor& c = out.expert_counts[l];
-      auto& acc = r.expert_counts[l];
-      acc.resize(c.numel(), 0);
-      for (int64_t e = 0; e < c.numel(); ++e) acc[e] += c[e].item<int64_t>();
-    }
+    r.expert_counts.add(out.expert_counts);
+  }
+  if (dist && world > 1) {
+    std::vector<double> sums{loss_sum};
+    dist->all_reduce_sum(sums);
+    loss_sum = sums[0];
+    std::vector<int64_t> totals{r.tokens, r.documents};
+    sum_over_ranks(r.expert_counts, totals, *dist);
+    r.tokens = totals[0], r.documents = totals[1];
   }
   r.loss_sum = loss_sum;
   r.loss = r.tokens > 0 ? loss_sum / r.tokens : NAN;

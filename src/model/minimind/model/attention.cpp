@@ -3,13 +3,9 @@
 #include <cmath>
 #include <limits>
 
-namespace minimind {
+#include "minimind/model/linear.h"
 
-namespace {
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-}  // namespace
+namespace minimind {
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg)
     : heads_(cfg.num_attention_heads),
@@ -17,10 +13,10 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg)
       head_dim_(cfg.head_dim()),
       dropout_(cfg.dropout) {
   const int64_t H = cfg.hidden_size;
-  q_proj = register_module("q_proj", linear(H, heads_ * head_dim_));
-  k_proj = register_module("k_proj", linear(H, kv_heads_ * head_dim_));
-  v_proj = register_module("v_proj", linear(H, kv_heads_ * head_dim_));
-  o_proj = register_module("o_proj", linear(heads_ * head_dim_, H));
+  q_proj = register_module("q_proj", linear_no_bias(H, heads_ * head_dim_));
+  k_proj = register_module("k_proj", linear_no_bias(H, kv_heads_ * head_dim_));
+  v_proj = register_module("v_proj", linear_no_bias(H, kv_heads_ * head_dim_));
+  o_proj = register_module("o_proj", linear_no_bias(heads_ * head_dim_, H));
   q_norm = register_module("q_norm", RMSNorm(head_dim_, cfg.rms_norm_eps));
   k_norm = register_module("k_norm", RMSNorm(head_dim_, cfg.rms_norm_eps));
 }

@@ -1,5 +1,7 @@
 #include "minimind/model/minimind_model.h"
 
+#include "minimind/model/linear.h"
+
 namespace minimind {
 
 MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
@@ -40,9 +42,7 @@ MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropo
 MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
   model = register_module("model", MiniMindModel(cfg));
   if (!cfg.tie_word_embeddings) {
-    lm_head = register_module(
-        "lm_head",
-        torch::nn::Linear(torch::nn::LinearOptions(cfg.hidden_size, cfg.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", linear_no_bias(cfg.hidden_size, cfg.vocab_size));
   }
 }
 

@@ -1,5 +1,7 @@
 #include "minimind/model/moe_feed_forward.h"
 
+#include "minimind/model/linear.h"
+
 namespace minimind {
 
 MOEFeedForwardImpl::MOEFeedForwardImpl(const ModelConfig& cfg)
@@ -7,8 +9,7 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const ModelConfig& cfg)
       top_k_(cfg.num_experts_per_tok),
       norm_topk_prob_(cfg.norm_topk_prob),
       aux_coef_(cfg.router_aux_loss_coef) {
-  gate = register_module(
-      "gate", torch::nn::Linear(torch::nn::LinearOptions(cfg.hidden_size, num_experts_).bias(false)));
+  gate = register_module("gate", linear_no_bias(cfg.hidden_size, num_experts_));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < num_experts_; ++e) {
     expert_list_.emplace_back(cfg.hidden_size, cfg.expert_ffn_size());

@@ -54,6 +54,35 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
 
 }  // namespace
 
+RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
+                                Distributed& dist) {
+  RunDirectory run{path, std::nullopt};
+  if (dist.is_main()) {
+    if (resume) {
+      run.checkpoint = latest_checkpoint(path);
+      if (!run.checkpoint)
+        throw TrainError("--resume: no complete checkpoint in '" + path + "'",
+                         "run without --resume to start training");
+    } else if (fs::exists(path) && !fs::is_empty(path)) {
+      if (!overwrite)
+        throw TrainError("'" + path + "' already holds a run",
+                         "use --resume to continue it, --overwrite to start it again, or --out "
+                         "DIR for a new directory");
+      fs::remove_all(path);
+    }
+    fs::create_directories(path);
+  }
+  dist.barrier();
+  if (!dist.is_main() && resume) {
+    run.checkpoint = latest_checkpoint(path);
+    if (!run.checkpoint)
+      throw TrainError("--resume: rank " + std::to_string(dist.rank()) + " sees no checkpoint in '" +
+                           path + "'",
+                       "the run directory must be shared with rank 0");
+  }
+  return run;
+}
+
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
                             torch::optim::Optimizer& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file) {

@@ -1,6 +1,7 @@
-// Checkpoints: checkpoints/step_XXXXXXXX/ holding model.pth (MiniMind-format fp32
-// weights), optimizer.pt, rng.pt and state.json. Written under a temporary name and
-// renamed into place, so a crash never leaves a half-written step_ directory.
+// The run directory and its checkpoints: checkpoints/step_XXXXXXXX/ holding model.pth
+// (MiniMind-format fp32 weights), optimizer.pt, rng.pt and state.json. Written under a
+// temporary name and renamed into place, so a crash never leaves a half-written step_
+// directory.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 
 #include "minimind/error.h"
@@ -29,6 +31,17 @@ struct TrainState {
   double elapsed_seconds = 0;   // training time so far
   std::string config_yaml;      // the resolved config of the run
 };
+
+// A training run's directory, ready for the run: made fresh, emptied (overwrite) or found
+// holding the checkpoint to resume from. Rank 0 checks and prepares it; the other ranks
+// then look for rank 0's checkpoint in it (the directory must be shared). Throws TrainError
+// with a hint when the directory holds a run and neither resume nor overwrite was asked.
+struct RunDirectory {
+  std::string path;
+  std::optional<std::string> checkpoint;  // resume: the newest complete checkpoint
+};
+RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
+                                Distributed& dist);
 
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
 // `after_file` (tests) is called after each file is written, to simulate a crash.

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "minimind/util/glyphs.h"
+
 namespace minimind {
 
 RoutingMetrics routing_metrics(const std::vector<int64_t>& counts) {
@@ -34,8 +36,12 @@ RoutingMetrics routing_metrics(const std::vector<int64_t>& counts) {
   return m;
 }
 
+void add_counts(std::vector<int64_t>& sum, const std::vector<int64_t>& counts) {
+  if (sum.size() < counts.size()) sum.resize(counts.size(), 0);
+  for (size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];
+}
+
 std::string load_row(int64_t layer, const RoutingMetrics& m) {
-  static const char* bars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
   const double E = static_cast<double>(m.counts.size());
   std::string hist;
   for (size_t e = 0; e < m.counts.size(); ++e) {
@@ -44,40 +50,10 @@ std::string load_row(int64_t layer, const RoutingMetrics& m) {
       continue;
     }
     // share * E / 2 maps the balanced share 1/E to half height, 2/E and more to full.
-    int level = static_cast<int>(std::lround(m.share[e] * E / 2.0 * 8.0)) - 1;
-    hist += bars[std::clamp(level, 0, 7)];
+    hist += bar_glyph(std::lround(m.share[e] * E / 2.0 * 8.0) - 1);
   }
   return fmt::format("L{:<2} {}  max {:.2f} e{}  maxvio {:.2f}  cv {:.2f}  H {:.2f}  dead {}", layer,
                      hist, m.max_share, m.max_expert, m.max_vio, m.cv, m.entropy, m.dead.size());
-}
-
-std::optional<CollapseEvent> CollapseDetector::observe(int64_t layer, int64_t step,
-                                                       const RoutingMetrics& m) {
-  if (static_cast<size_t>(layer) >= layers_.size()) layers_.resize(layer + 1);
-  LayerState& s = layers_[layer];
-  const bool over = m.total > 0 && (m.max_share > t_.max_share ||
-                                    static_cast<int64_t>(m.dead.size()) >= t_.dead_experts);
-  if (!over) {
-    s = LayerState{};
-    return std::nullopt;
-  }
-  if (s.streak++ == 0) s.since = step;
-  if (s.streak < t_.patience || s.fired) return std::nullopt;
-  s.fired = true;
-  CollapseEvent ev;
-  ev.step = step;
-  ev.since_step = s.since;
-  ev.layer = layer;
-  ev.expert = m.max_expert;
-  ev.max_share = m.max_share;
-  ev.dead = m.dead;
-  ev.message = fmt::format(
-      "routing collapse in layer {} since step {}: expert {} takes {:.1f}% of the tokens "
-      "(threshold {:.0f}%), {} dead expert{}{}{} for {} log intervals",
-      layer, s.since, m.max_expert, 100 * m.max_share, 100 * t_.max_share, m.dead.size(),
-      m.dead.size() == 1 ? "" : "s", m.dead.empty() ? "" : ": ",
-      fmt::join(m.dead, ", "), s.streak);
-  return ev;
 }
 
 }  // namespace minimind

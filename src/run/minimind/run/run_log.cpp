@@ -1,50 +1,237 @@
 #include "minimind/run/run_log.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
-#include <sstream>
-#include <vector>
+#include <iterator>
+
+#include "minimind/error.h"
 
 namespace minimind {
+namespace {
 
-JsonlWriter::JsonlWriter(const std::string& path, int64_t keep_until_step) {
-  if (path.empty()) return;
-  std::vector<std::string> kept;
-  if (keep_until_step >= 0 && std::filesystem::exists(path)) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;  // a line cut short by a crash
-      if (j.value("step", int64_t{0}) <= keep_until_step) kept.push_back(line);
+using json = nlohmann::json;
+
+// ---- Writing: each field as it is; an unset optional as null.
+struct FieldWriter {
+  json& j;
+  void operator()(const char* key, Tag tag) { j[key] = tag.value; }
+  template <class T>
+  void operator()(const char* key, const std::optional<T>& v) {
+    j[key] = v ? json(*v) : json();
+  }
+  template <class T>
+  void operator()(const char* key, const T& v) {
+    j[key] = v;
+  }
+};
+
+// ---- Reading: every field checked for presence and type; errors name the field.
+[[noreturn]] void bad_field(const std::string& name, const json& v, const char* expected) {
+  throw DataError(fmt::format("field '{}' should be {}, found {}", name, expected,
+                              v.is_null() ? "null" : v.type_name()));
+}
+
+void read_value(const std::string& name, const json& v, int64_t& out) {
+  if (!v.is_number_integer()) bad_field(name, v, "an integer");
+  out = v.get<int64_t>();
+}
+void read_value(const std::string& name, const json& v, double& out) {
+  if (!v.is_number()) bad_field(name, v, "a number");
+  out = v.get<double>();
+}
+void read_value(const std::string& name, const json& v, std::string& out) {
+  if (!v.is_string()) bad_field(name, v, "a string");
+  out = v.get<std::string>();
+}
+// A nested record (EvalSummary's expert_load).
+void read_value(const std::string& name, const json& v, LoadRecord& out) {
+  try {
+    from_json(v, out);
+  } catch (const DataError& e) {
+    throw DataError(name + ": " + e.message());
+  }
+}
+template <class T>
+void read_value(const std::string& name, const json& v, std::vector<T>& out) {
+  if (!v.is_array()) bad_field(name, v, "an array");
+  out.assign(v.size(), T{});
+  for (size_t i = 0; i < v.size(); ++i) read_value(fmt::format("{}[{}]", name, i), v[i], out[i]);
+}
+
+struct FieldReader {
+  const json& j;
+  const json& at(const char* key) const {
+    auto it = j.find(key);
+    if (it == j.end()) throw DataError(fmt::format("field '{}' is missing", key));
+    return *it;
+  }
+  void operator()(const char* key, Tag tag) const {
+    const json& v = at(key);
+    if (!v.is_string() || v.get<std::string>() != tag.value)
+      throw DataError(fmt::format("field '{}' is {} where \"{}\" was expected", key, v.dump(), tag.value));
+  }
+  template <class T>
+  void operator()(const char* key, std::optional<T>& out) const {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      out.reset();
+      return;
+    }
+    T v{};
+    read_value(key, *it, v);
+    out = std::move(v);
+  }
+  template <class T>
+  void operator()(const char* key, T& out) const {
+    read_value(key, at(key), out);
+  }
+};
+
+template <class R>
+json write_record(const R& r) {
+  json j = json::object();
+  R::fields(r, FieldWriter{j});
+  return j;
+}
+
+template <class R>
+void read_record(const json& j, R& r) {
+  if (!j.is_object()) throw DataError(fmt::format("expected a JSON object, found {}", j.type_name()));
+  R::fields(r, FieldReader{j});
+}
+
+// Calls f(record_json) for each line of a JSONL file, naming file and line in any error f
+// throws. A missing file has no lines; an unfinished last line (a run still writing) is
+// left out.
+template <class F>
+void for_each_line(const std::string& path, F f) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t start = 0;
+  for (int64_t line = 1; start < text.size(); ++line) {
+    size_t end = text.find('\n', start);
+    const bool unfinished = end == std::string::npos;
+    if (unfinished) end = text.size();
+    const std::string_view body(text.data() + start, end - start);
+    start = end + 1;
+    if (body.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() && unfinished) return;
+    try {
+      if (j.is_discarded()) throw DataError("not valid JSON");
+      f(j);
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("{}:{}: {}", path, line, e.message()),
+                      "the file was changed by hand or by another program; restore it, or "
+                      "delete the line");
     }
   }
-  out_.open(path, std::ios::trunc);
-  for (const auto& line : kept) out_ << line << "\n";
-  out_.flush();
 }
 
-void JsonlWriter::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
-  out_ << record.dump() << "\n";
-  out_.flush();
+}  // namespace
+
+#define MINIMIND_RECORD_JSON(Record)                                                    \
+  void to_json(json& j, const Record& r) { j = write_record(r); }                       \
+  void from_json(const json& j, Record& r) { read_record(j, r); }
+MINIMIND_RECORD_JSON(TrainRecord)
+MINIMIND_RECORD_JSON(EvalRecord)
+MINIMIND_RECORD_JSON(LoadRecord)
+MINIMIND_RECORD_JSON(CollapseRecord)
+MINIMIND_RECORD_JSON(EvalSummary)
+#undef MINIMIND_RECORD_JSON
+
+LoadRecord LoadRecord::make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
+                            std::optional<double> aux_unscaled) {
+  LoadRecord r;
+  r.step = step, r.layer = layer, r.split = std::move(split);
+  r.counts = m.counts, r.share = m.share;
+  r.max_vio = m.max_vio, r.cv = m.cv, r.entropy = m.entropy;
+  r.effective_experts = m.effective_experts, r.max_share = m.max_share;
+  r.max_expert = m.max_expert;
+  r.dead = static_cast<int64_t>(m.dead.size()), r.dead_experts = m.dead;
+  r.aux_unscaled = aux_unscaled;
+  return r;
 }
 
-nlohmann::json expert_load_record(int64_t step, int64_t layer, const std::string& split,
-                                  const RoutingMetrics& m, double aux_unscaled) {
-  nlohmann::json j = {{"step", step},
-                      {"layer", layer},
-                      {"split", split},
-                      {"counts", m.counts},
-                      {"share", m.share},
-                      {"max_vio", m.max_vio},
-                      {"cv", m.cv},
-                      {"entropy", m.entropy},
-                      {"effective_experts", m.effective_experts},
-                      {"max_share", m.max_share},
-                      {"max_expert", m.max_expert},
-                      {"dead", m.dead.size()},
-                      {"dead_experts", m.dead}};
-  j["aux_unscaled"] = aux_unscaled < 0 ? nlohmann::json() : nlohmann::json(aux_unscaled);
-  return j;
+RunLogWriter::RunLogWriter(const std::string& run_dir, int64_t keep_until_step) {
+  if (run_dir.empty()) return;
+  const std::filesystem::path dir(run_dir);
+  open(metrics_, (dir / "metrics.jsonl").string(), keep_until_step);
+  open(loads_, (dir / "expert_load.jsonl").string(), keep_until_step);
+  open(events_, (dir / "events.jsonl").string(), keep_until_step);
+}
+
+void RunLogWriter::open(std::ofstream& out, const std::string& path, int64_t keep_until_step) {
+  std::vector<std::string> kept;
+  if (keep_until_step >= 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) continue;  // a line cut short by a crash
+      const auto step = j.find("step");
+      if (step != j.end() && step->is_number_integer() && step->get<int64_t>() <= keep_until_step)
+        kept.push_back(line);
+    }
+  }
+  out.open(path, std::ios::trunc);
+  if (!out) throw DataError("cannot write '" + path + "'");
+  for (const auto& line : kept) out << line << "\n";
+  out.flush();
+}
+
+void RunLogWriter::append(std::ofstream& out, const json& j) {
+  if (!out.is_open()) return;
+  out << j.dump() << "\n";
+  out.flush();
+}
+
+int64_t RunLogs::last_step() const {
+  int64_t s = train.empty() ? 0 : train.back().step;
+  for (const auto& [layer, records] : train_load)
+    if (!records.empty()) s = std::max(s, records.back().step);
+  return s;
+}
+
+RunLogs read_run_logs(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(run_dir) / "metrics.jsonl"))
+    throw DataError("'" + run_dir + "' has no metrics.jsonl: not a minimind-train run directory");
+  RunLogs r;
+  r.run_dir = run_dir;
+  for_each_line(run_dir + "/metrics.jsonl", [&](const json& j) {
+    const auto split = j.find("split");
+    if (split == j.end()) throw DataError("field 'split' is missing");
+    if (*split == "train") {
+      r.train.push_back(j.get<TrainRecord>());
+    } else if (*split == "eval") {
+      r.eval.push_back(j.get<EvalRecord>());
+    } else {
+      throw DataError("field 'split' is " + split->dump() + "; expected \"train\" or \"eval\"");
+    }
+  });
+  for_each_line(run_dir + "/expert_load.jsonl", [&](const json& j) {
+    LoadRecord rec = j.get<LoadRecord>();
+    if (rec.split != "train" && rec.split != "eval")
+      throw DataError("field 'split' is \"" + rec.split + "\"; expected \"train\" or \"eval\"");
+    auto& by_layer = rec.split == "train" ? r.train_load : r.eval_load;
+    by_layer[rec.layer].push_back(std::move(rec));
+  });
+  for_each_line(run_dir + "/events.jsonl", [&](const json& j) {
+    const auto event = j.find("event");
+    if (event == j.end()) throw DataError("field 'event' is missing");
+    // Kinds of event this version does not know are left for the tools that do.
+    if (*event == "collapse") r.collapses.push_back(j.get<CollapseRecord>());
+  });
+  return r;
+}
+
+std::vector<int64_t> recent_counts(const std::vector<LoadRecord>& records, size_t steps) {
+  std::vector<int64_t> sum;
+  for (size_t i = records.size() > steps ? records.size() - steps : 0; i < records.size(); ++i)
+    add_counts(sum, records[i].counts);
+  return sum;
 }
 
 }  // namespace minimind

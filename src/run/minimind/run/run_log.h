@@ -1,32 +1,181 @@
-// The run directory's machine-readable logs: metrics.jsonl, expert_load.jsonl and
-// events.jsonl, one JSON object per line, appended as the run goes.
+// The run directory's logs, defined once. Every record the tool writes, its JSON form, the
+// writer the trainer uses and the reader behind --inspect, the report and the tests:
+//
+//   metrics.jsonl      TrainRecord ("split": "train", one per log interval) and
+//                      EvalRecord ("split": "eval", one per evaluation)
+//   expert_load.jsonl  LoadRecord, one per (step, MoE layer) and per (evaluation, layer)
+//   events.jsonl       CollapseRecord ("event": "collapse")
+//
+// minimind-eval --json prints an EvalSummary (with LoadRecords) in the same way.
+//
+// Each record names its fields once, in fields(); writing and reading both walk that
+// list, so a field cannot be written under one name and read under another. Reading a line
+// that lacks a field, or holds it with another type, is a DataError naming the file, line
+// and field. New metrics are added as std::optional fields: written as null when unset,
+// read as unset when null or missing, so run directories written before them still read.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "minimind/run/routing_metrics.h"
 
 namespace minimind {
 
-class JsonlWriter {
- public:
-  // On resume, lines with "step" > keep_until_step are dropped first (they were logged
-  // after the checkpoint the run continues from). keep_until_step < 0: start empty.
-  // An empty path writes nothing (ranks other than 0 of a multi-process run).
-  JsonlWriter(const std::string& path, int64_t keep_until_step);
-  void write(const nlohmann::json& record);  // one line, flushed
-
- private:
-  std::ofstream out_;
+// A field whose value is fixed for the record type ("split": "train"); reading another
+// value is an error.
+struct Tag {
+  const char* value;
 };
 
-// The expert_load.jsonl record of one layer: counts and every metric of
-// docs/moe-routing.md. aux_unscaled < 0 is written as null (no aux loss computed).
-nlohmann::json expert_load_record(int64_t step, int64_t layer, const std::string& split,
-                                  const RoutingMetrics& m, double aux_unscaled);
+// metrics.jsonl, split "train": means over the steps of one log interval.
+struct TrainRecord {
+  int64_t step = 0;    // the interval's last optimizer step
+  int64_t tokens = 0;  // training tokens seen so far (all ranks)
+  double loss = 0, lm_loss = 0, aux_loss = 0;  // loss = lm_loss + aux_loss (summed aux)
+  double lr = 0;                               // at the last step
+  double grad_norm = 0;                        // before clipping
+  double tok_per_s = 0;                        // training tokens per second (eval excluded)
+  double elapsed = 0;                          // training seconds of the run so far
+  std::optional<double> allreduce_ms;          // per step, multi-process runs only
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("split", Tag{"train"});
+    f("step", r.step), f("tokens", r.tokens), f("loss", r.loss), f("lm_loss", r.lm_loss);
+    f("aux_loss", r.aux_loss), f("lr", r.lr), f("grad_norm", r.grad_norm);
+    f("tok_per_s", r.tok_per_s), f("elapsed", r.elapsed), f("allreduce_ms", r.allreduce_ms);
+  }
+};
+
+// metrics.jsonl, split "eval": one evaluation of the validation split.
+struct EvalRecord {
+  int64_t step = 0, tokens = 0;  // when: optimizer steps and training tokens so far
+  double val_loss = 0, val_ppl = 0;
+  int64_t val_tokens = 0;  // predicted positions
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("split", Tag{"eval"});
+    f("step", r.step), f("tokens", r.tokens), f("val_loss", r.val_loss);
+    f("val_ppl", r.val_ppl), f("val_tokens", r.val_tokens);
+  }
+};
+
+// expert_load.jsonl: one MoE layer's load, with every metric of docs/moe-routing.md.
+struct LoadRecord {
+  int64_t step = 0, layer = 0;
+  std::string split;             // "train": one optimizer step; "eval": one evaluation
+  std::vector<int64_t> counts;   // c_e
+  std::vector<double> share;     // c_e / sum c
+  double max_vio = 0, cv = 0, entropy = 0, effective_experts = 0, max_share = 0;
+  int64_t max_expert = 0;
+  int64_t dead = 0;                   // number of experts with no token
+  std::vector<int64_t> dead_experts;  // which
+  std::optional<double> aux_unscaled;  // the layer's aux loss / coef (training, coef > 0)
+
+  static LoadRecord make(int64_t step, int64_t layer, std::string split,
+                         const RoutingMetrics& m, std::optional<double> aux_unscaled = {});
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("step", r.step), f("layer", r.layer), f("split", r.split), f("counts", r.counts);
+    f("share", r.share), f("max_vio", r.max_vio), f("cv", r.cv), f("entropy", r.entropy);
+    f("effective_experts", r.effective_experts), f("max_share", r.max_share);
+    f("max_expert", r.max_expert), f("dead", r.dead), f("dead_experts", r.dead_experts);
+    f("aux_unscaled", r.aux_unscaled);
+  }
+};
+
+// events.jsonl: a layer that stayed over the collapse thresholds for log.collapse_patience
+// log intervals.
+struct CollapseRecord {
+  int64_t step = 0;        // when the warning fired
+  int64_t since_step = 0;  // first step of the streak
+  int64_t layer = 0;
+  int64_t expert = 0;  // the expert with the largest share
+  double max_share = 0;
+  std::vector<int64_t> dead_experts;
+  std::string message;  // the warning as printed
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("event", Tag{"collapse"});
+    f("step", r.step), f("since_step", r.since_step), f("layer", r.layer);
+    f("expert", r.expert), f("max_share", r.max_share), f("dead_experts", r.dead_experts);
+    f("message", r.message);
+  }
+};
+
+// minimind-eval --json: loss and expert load of a checkpoint on a corpus.
+struct EvalSummary {
+  double loss = 0, ppl = 0;
+  int64_t tokens = 0, documents = 0;
+  double seconds = 0, tokens_per_s = 0;
+  std::string weights;                  // the .pth evaluated
+  std::vector<LoadRecord> expert_load;  // split "eval", one per MoE layer
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("loss", r.loss), f("ppl", r.ppl), f("tokens", r.tokens), f("documents", r.documents);
+    f("seconds", r.seconds), f("tokens_per_s", r.tokens_per_s), f("weights", r.weights);
+    f("expert_load", r.expert_load);
+  }
+};
+
+// JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
+// throws DataError naming the field.
+#define MINIMIND_RECORD_JSON(Record)                    \
+  void to_json(nlohmann::json& j, const Record& r);     \
+  void from_json(const nlohmann::json& j, Record& r);
+MINIMIND_RECORD_JSON(TrainRecord)
+MINIMIND_RECORD_JSON(EvalRecord)
+MINIMIND_RECORD_JSON(LoadRecord)
+MINIMIND_RECORD_JSON(CollapseRecord)
+MINIMIND_RECORD_JSON(EvalSummary)
+#undef MINIMIND_RECORD_JSON
+
+// Appends records to a run directory's three logs, one line each, flushed.
+class RunLogWriter {
+ public:
+  // run_dir "": writes nothing (ranks other than 0). keep_until_step >= 0 (a resumed run):
+  // lines of later steps, logged after the checkpoint the run continues from, are dropped
+  // first; < 0: the logs start empty.
+  RunLogWriter(const std::string& run_dir, int64_t keep_until_step);
+  void write(const TrainRecord& r) { append(metrics_, r); }
+  void write(const EvalRecord& r) { append(metrics_, r); }
+  void write(const LoadRecord& r) { append(loads_, r); }
+  void write(const CollapseRecord& r) { append(events_, r); }
+
+ private:
+  static void open(std::ofstream& out, const std::string& path, int64_t keep_until_step);
+  static void append(std::ofstream& out, const nlohmann::json& j);
+  std::ofstream metrics_, loads_, events_;
+};
+
+// A run directory's logs, read back.
+struct RunLogs {
+  std::string run_dir;
+  std::vector<TrainRecord> train;
+  std::vector<EvalRecord> eval;
+  std::map<int64_t, std::vector<LoadRecord>> train_load;  // layer -> one record per step
+  std::map<int64_t, std::vector<LoadRecord>> eval_load;   // layer -> one per evaluation
+  std::vector<CollapseRecord> collapses;
+  int64_t last_step() const;
+};
+
+// Reads metrics.jsonl, expert_load.jsonl and events.jsonl. Works on a run still being
+// written: an unfinished last line is left out. Throws DataError when the directory has no
+// metrics.jsonl, or naming file, line and field when a line does not hold its record.
+RunLogs read_run_logs(const std::string& run_dir);
+
+// Sum of the counts of the last `steps` records of one layer.
+std::vector<int64_t> recent_counts(const std::vector<LoadRecord>& records, size_t steps);
 
 }  // namespace minimind

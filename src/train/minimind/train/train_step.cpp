@@ -9,23 +9,15 @@ namespace {
 
 // Means of the losses and sums of counts and tokens over the ranks (two small all-reduces).
 void reduce_stats(StepStats& s, Distributed& dist) {
-  const size_t L = s.layer_aux.size();
-  torch::Tensor means = torch::empty({static_cast<int64_t>(2 + L)}, torch::kFloat64);  // [2 + L]
-  double* m = means.data_ptr<double>();
-  m[0] = s.lm_loss, m[1] = s.aux_loss;
-  for (size_t l = 0; l < L; ++l) m[2 + l] = s.layer_aux[l];
+  std::vector<double> means{s.lm_loss, s.aux_loss};  // [2 + MoE layers]
+  means.insert(means.end(), s.layer_aux.begin(), s.layer_aux.end());
   dist.all_reduce_sum(means);
-  s.lm_loss = m[0] / dist.world_size(), s.aux_loss = m[1] / dist.world_size();
-  for (size_t l = 0; l < L; ++l) s.layer_aux[l] = m[2 + l] / dist.world_size();
-
-  std::vector<int64_t> flat{s.tokens};
-  for (const auto& c : s.counts) flat.insert(flat.end(), c.begin(), c.end());
-  torch::Tensor sums = torch::tensor(flat, torch::kLong);  // [1 + sum of experts]
-  dist.all_reduce_sum(sums);
-  const int64_t* v = sums.data_ptr<int64_t>();
-  s.tokens = *v++;
-  for (auto& c : s.counts)
-    for (auto& x : c) x = *v++;
+  const double world = dist.world_size();
+  s.lm_loss = means[0] / world, s.aux_loss = means[1] / world;
+  for (size_t l = 0; l < s.layer_aux.size(); ++l) s.layer_aux[l] = means[2 + l] / world;
+  std::vector<int64_t> totals{s.tokens};
+  sum_over_ranks(s.counts, totals, dist);
+  s.tokens = totals[0];
 }
 
 }  // namespace
@@ -44,13 +36,8 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     s.lm_loss += out.loss.item<double>() / A;
     s.aux_loss += out.aux_loss.item<double>() / A;
     s.layer_aux.resize(out.layer_aux.size(), 0.0);
-    s.counts.resize(out.expert_counts.size());
-    for (size_t l = 0; l < out.expert_counts.size(); ++l) {
-      s.layer_aux[l] += out.layer_aux[l].item<double>() / A;
-      const torch::Tensor& c = out.expert_counts[l];
-      s.counts[l].resize(c.numel(), 0);
-      for (int64_t e = 0; e < c.numel(); ++e) s.counts[l][e] += c.data_ptr<int64_t>()[e];
-    }
+    for (size_t l = 0; l < out.layer_aux.size(); ++l) s.layer_aux[l] += out.layer_aux[l].item<double>() / A;
+    s.counts.add(out.expert_counts);
     s.tokens += batch.input_ids.numel();
   }
   std::vector<torch::Tensor> params;

@@ -11,18 +11,9 @@
 #include "minimind/data/batcher.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/train/step_stats.h"
 
 namespace minimind {
-
-struct StepStats {
-  double loss = 0, lm_loss = 0, aux_loss = 0;  // means over the micro-batches
-  double grad_norm = 0;                         // before clipping
-  std::vector<double> layer_aux;                // per MoE layer, mean over micro-batches
-  std::vector<std::vector<int64_t>> counts;     // per MoE layer: expert counts, summed
-  int64_t tokens = 0;                           // input tokens of all micro-batches
-  bool finite = true;                           // false: nothing was applied
-  double comm_seconds = 0;                      // in all-reduces (multi-process runs)
-};
 
 // Sets the learning rate, runs the micro-batches and, if loss and gradient norm are
 // finite, clips and steps (then zeroes the gradients). A non-finite step changes no

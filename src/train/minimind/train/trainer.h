@@ -1,6 +1,6 @@
 // The training run: MiniMind's loop (loss = (LM + summed aux) / accumulation_steps per
-// micro-step; clip, AdamW, cosine lr per optimizer step), validation, expert-load logs,
-// checkpoints and exact resume. minimind-train is a thin CLI around train().
+// micro-step; clip, AdamW, cosine lr per optimizer step) with the observers that log,
+// evaluate and checkpoint it, and exact resume. minimind-train is a thin CLI around train().
 #pragma once
 
 #include <functional>
@@ -9,9 +9,10 @@
 
 #include "minimind/config.h"
 #include "minimind/dist/distributed.h"
-#include "minimind/model/minimind_model.h"
-
 #include "minimind/error.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/train/observer.h"
+#include "minimind/util/stop_flag.h"
 
 namespace minimind {
 
@@ -19,28 +20,21 @@ struct TrainOptions {
   std::string out_dir;     // run directory; empty: runs/<run.name>
   bool resume = false;     // continue from the newest complete checkpoint in out_dir
   bool overwrite = false;  // start afresh in an out_dir that holds an earlier run
-  // Called after each optimizer step (tests: to stop, poison weights, or raise a signal);
-  // returning true stops the run as SIGINT would (a checkpoint is written first).
-  std::function<bool(int64_t step, MiniMindForCausalLM& model)> after_step;
+  // Checked after every optimizer step: a request stops the run at that step, after a
+  // checkpoint (the main sets it from SIGINT/SIGTERM). nullptr: never.
+  const StopFlag* stop = nullptr;
   // Several ranks (torchrun's variables): data sharded by rank, gradients averaged, only
   // rank 0 writes the run directory. nullptr: one process.
   Distributed* dist = nullptr;
+  // More observers, notified after the trainer's own (minimind-train adds the report).
+  std::vector<Observer*> observers;
+  // Tests: called after each optimizer step; returning true stops the run like a stop
+  // request without a signal.
+  std::function<bool(int64_t step, MiniMindForCausalLM& model)> after_step;
 };
 
-struct TrainResult {
-  std::string run_dir;
-  int64_t step = 0;          // optimizer steps done
-  bool interrupted = false;  // stopped by SIGINT/SIGTERM (or stop_after_step)
-  int signal = 0;            // the signal that stopped it, if any
-  std::vector<double> step_losses;  // loss (LM + aux) of each step run by this call
-  double first_val_loss = 0, last_val_loss = 0;
-  double seconds = 0;        // wall time of this call's training loop
-  int64_t tokens = 0;        // training tokens seen in total (all ranks)
-  double comm_seconds = 0;   // in gradient/statistics all-reduces (several ranks)
-};
-
-// Runs (or resumes) training. Throws ConfigError, DataError, CheckpointError or
-// TrainError (non-finite loss, bad run directory) with a clear message.
+// Runs (or resumes) training. Throws an Error (ConfigError, DataError, TokenizerError,
+// CheckpointError, TrainError for a bad run directory or a non-finite loss, DistError).
 TrainResult train(const Config& cfg, const TrainOptions& options);
 
 }  // namespace minimind

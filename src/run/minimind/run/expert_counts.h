@@ -1,0 +1,36 @@
+// Expert counts per MoE layer: how many (token, slot) assignments each expert received,
+// summed over whatever was seen (a step's micro-batches, a log interval, an evaluation,
+// every rank).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "minimind/run/routing_metrics.h"
+
+namespace at {
+class Tensor;  // torch::Tensor; this header stays free of torch for the observers
+}
+
+namespace minimind {
+
+class Distributed;
+
+struct ExpertCounts {
+  std::vector<std::vector<int64_t>> layers;  // [MoE layer][expert]
+
+  // Zero counts of the given shape: a rank that saw no batch still joins a sum over ranks
+  // with the same number of values as the others.
+  static ExpertCounts zeros(size_t num_layers, size_t num_experts);
+
+  void add(const std::vector<at::Tensor>& per_layer);  // one forward: [E] int64 per layer
+  void add(const ExpertCounts& other);
+  bool empty() const { return layers.empty(); }
+  friend bool operator==(const ExpertCounts& a, const ExpertCounts& b) { return a.layers == b.layers; }
+};
+
+// Sums `counts` and `totals` (tokens, documents, ...) over the ranks in one all-reduce; every
+// rank gets the sums. Every rank must pass the same shapes.
+void sum_over_ranks(ExpertCounts& counts, std::vector<int64_t>& totals, Distributed& dist);
+
+}  // namespace minimind

@@ -1,0 +1,32 @@
+// Rank 0's checkpoints: every train.checkpoint_interval steps, at the last step and when
+// the run stops early, keeping the newest train.keep_checkpoints.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "minimind/config.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/run/checkpoint.h"
+#include "minimind/train/observer.h"
+
+namespace minimind {
+
+class Checkpointer : public Observer {
+ public:
+  // state: the loop's TrainState (read at each save; its elapsed time is the run's).
+  Checkpointer(MiniMindForCausalLM model, torch::optim::Optimizer& optimizer,
+               const TrainState& state, std::string run_dir, const TrainConfig& cfg, Observer& out)
+      : model_(std::move(model)), optimizer_(optimizer), state_(state),
+        run_dir_(std::move(run_dir)), cfg_(cfg), out_(out) {}
+  void on_step_end(const StepInfo& s, bool last) override;
+
+ private:
+  MiniMindForCausalLM model_;
+  torch::optim::Optimizer& optimizer_;
+  const TrainState& state_;
+  std::string run_dir_;
+  const TrainConfig& cfg_;
+  Observer& out_;
+};
+
+}  // namespace minimind

@@ -1,0 +1,104 @@
+#include "minimind/train/console.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "minimind/run/routing_metrics.h"
+
+namespace minimind {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+ConsoleObserver::ConsoleObserver(spdlog::logger& log, bool live)
+    : log_(log), live_(live && isatty(STDOUT_FILENO)) {}
+
+ConsoleObserver::~ConsoleObserver() { clear_status(); }
+
+void ConsoleObserver::clear_status() {
+  if (!status_shown_) return;
+  std::fprintf(stdout, "\r\033[K");
+  std::fflush(stdout);
+  status_shown_ = false;
+}
+
+void ConsoleObserver::on_step(const StepInfo& s) {
+  tokens_ += s.stats->tokens;
+  max_steps_ = s.max_steps;
+  eta_ = s.loop_seconds / static_cast<double>(s.step - s.first_step) * (s.max_steps - s.step);
+  if (!live_) return;
+  const StepStats& st = *s.stats;
+  const double tok_s = tokens_ / std::max(1e-9, clock_.seconds());
+  std::fprintf(stdout, "\r\033[K%s",
+               fmt::format("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | "
+                           "grad {:.3f} | {:.0f} tok/s | ETA {}",
+                           s.step, s.max_steps, st.loss, st.lm_loss, st.aux_loss, s.lr,
+                           st.grad_norm, tok_s, format_duration(eta_))
+                   .c_str());
+  std::fflush(stdout);
+  status_shown_ = true;
+}
+
+void ConsoleObserver::on_interval(const IntervalInfo& i) {
+  clear_status();
+  const TrainRecord& r = i.record;
+  log_.info("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
+            "{:.0f} tok/s | ETA {}",
+            r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, r.lr, r.grad_norm, r.tok_per_s,
+            format_duration(eta_));
+  for (size_t l = 0; l < i.counts.layers.size(); ++l)
+    log_.info("  {}", load_row(static_cast<int64_t>(l), routing_metrics(i.counts.layers[l])));
+  tokens_ = 0;
+  clock_.restart();
+}
+
+void ConsoleObserver::on_eval(const EvalInfo& e) {
+  clear_status();
+  evaluated_ = true;
+  const EvalRecord& r = e.record;
+  log_.info("eval step {}: val_loss {:.4f} | ppl {:.2f} | {} tokens of {} documents in {:.1f} s",
+            r.step, r.val_loss, r.val_ppl, r.val_tokens, e.documents, e.seconds);
+  for (size_t l = 0; l < e.counts.layers.size(); ++l)
+    log_.info("  eval {}", load_row(static_cast<int64_t>(l), routing_metrics(e.counts.layers[l])));
+  tokens_ = 0;
+  clock_.restart();
+}
+
+void ConsoleObserver::on_collapse(const CollapseRecord& c) {
+  clear_status();
+  log_.warn("{}", c.message);
+}
+
+void ConsoleObserver::on_checkpoint(const CheckpointInfo& c) {
+  clear_status();
+  log_.info("checkpoint {}", c.dir);
+}
+
+void ConsoleObserver::on_end(const TrainResult& r) {
+  clear_status();
+  if (r.interrupted) {
+    log_.warn("stopped at step {}{}; continue with --resume", r.step,
+              r.signal ? fmt::format(" by signal {}", r.signal) : "");
+  } else {
+    log_.info("done: {} steps, {} tokens in {} ({:.0f} tok/s){}", r.step - r.start_step, r.tokens,
+              format_duration(r.seconds), (r.tokens - r.start_tokens) / std::max(1e-9, r.seconds),
+              evaluated_ ? fmt::format("; val_loss {:.4f} -> {:.4f}", r.first_val_loss,
+                                       r.last_val_loss)
+                         : "");
+  }
+  if (world_size_ > 1)
+    log_.info("{} ranks: all-reduce of gradients and statistics {:.1f} ms per step ({:.1f} % of "
+              "the loop)",
+              world_size_, 1e3 * r.comm_seconds / std::max<int64_t>(1, r.step - r.start_step),
+              100 * r.comm_seconds / std::max(1e-9, r.seconds));
+}
+
+}  // namespace minimind

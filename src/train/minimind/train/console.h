@@ -1,0 +1,44 @@
+// The console: a status line rewritten in place after each step (on a terminal), and the
+// log lines of the run (intervals with their load rows, evaluations, collapse warnings,
+// checkpoints, the end), written to the run's log (console and train.log).
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include "minimind/train/observer.h"
+#include "minimind/util/stopwatch.h"
+
+namespace minimind {
+
+// "45s", "3m07s", "1h02m"; "?" for a negative or unknown duration.
+std::string format_duration(double seconds);
+
+class ConsoleObserver : public Observer {
+ public:
+  // live: show the status line (rank 0, when stdout is a terminal).
+  ConsoleObserver(spdlog::logger& log, bool live);
+  ~ConsoleObserver() override;  // clears the status line, also when the run fails
+
+  void on_start(const RunStart& s) override { world_size_ = s.world_size; }
+  void on_step(const StepInfo& s) override;
+  void on_interval(const IntervalInfo& i) override;
+  void on_eval(const EvalInfo& e) override;
+  void on_collapse(const CollapseRecord& c) override;
+  void on_checkpoint(const CheckpointInfo& c) override;
+  void on_end(const TrainResult& r) override;
+
+ private:
+  void clear_status();
+  spdlog::logger& log_;
+  bool live_;
+  bool status_shown_ = false;
+  int world_size_ = 1;
+  bool evaluated_ = false;
+  int64_t max_steps_ = 0;
+  double eta_ = 0;  // of the last step
+  // Throughput for the status line: tokens since the last log line (evaluations excluded).
+  int64_t tokens_ = 0;
+  Stopwatch clock_;
+};
+
+}  // namespace minimind

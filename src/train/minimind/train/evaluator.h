@@ -1,0 +1,40 @@
+// Evaluation of the validation split during training: at the start of a fresh run, every
+// train.eval_interval steps and at the last step. Every rank takes part (each evaluates its
+// share and the sums are taken over ranks); the result goes to all observers.
+#pragma once
+
+#include "minimind/config.h"
+#include "minimind/data/token_file.h"
+#include "minimind/dist/distributed.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/train/observer.h"
+
+namespace minimind {
+
+class Evaluator : public Observer {
+ public:
+  Evaluator(MiniMindForCausalLM model, const TokenFile& val, const Config& cfg, Distributed& dist,
+            Observer& out)
+      : model_(std::move(model)), val_(val), cfg_(cfg), dist_(dist), out_(out) {}
+  void on_start(const RunStart& s) override {
+    if (!s.resumed) evaluate_at(s.step, 0);
+  }
+  void on_step(const StepInfo& s) override {
+    if (s.step % cfg_.train.eval_interval == 0 || s.step == s.max_steps)
+      evaluate_at(s.step, s.tokens);
+  }
+  // Validation losses of the first and the latest evaluation of this call (0: none yet).
+  double first_loss() const { return first_loss_; }
+  double last_loss() const { return last_loss_; }
+
+ private:
+  void evaluate_at(int64_t step, int64_t tokens);
+  MiniMindForCausalLM model_;
+  const TokenFile& val_;
+  const Config& cfg_;
+  Distributed& dist_;
+  Observer& out_;
+  double first_loss_ = 0, last_loss_ = 0;
+};
+
+}  // namespace minimind

@@ -1,0 +1,34 @@
+#include "minimind/train/interval_window.h"
+
+#include <algorithm>
+
+namespace minimind {
+
+void IntervalWindow::on_step(const StepInfo& s) {
+  const StepStats& st = *s.stats;
+  loss_ += st.loss, lm_ += st.lm_loss, aux_ += st.aux_loss, grad_norm_ += st.grad_norm;
+  comm_ += st.comm_seconds;
+  ++steps_;
+  tokens_ += st.tokens;
+  counts_.add(st.counts);
+  if (s.step % interval_ != 0 && s.step != s.max_steps) return;
+
+  const double n = static_cast<double>(steps_);
+  IntervalInfo info;
+  TrainRecord& r = info.record;
+  r.step = s.step, r.tokens = s.tokens;
+  r.loss = loss_ / n, r.lm_loss = lm_ / n, r.aux_loss = aux_ / n;
+  r.lr = s.lr, r.grad_norm = grad_norm_ / n;
+  r.tok_per_s = tokens_ / std::max(1e-9, clock_.seconds());
+  r.elapsed = s.run_seconds;
+  if (multi_rank_) r.allreduce_ms = 1e3 * comm_ / n;
+  info.counts = std::move(counts_);
+  // The next interval starts empty.
+  loss_ = lm_ = aux_ = grad_norm_ = comm_ = 0;
+  steps_ = tokens_ = 0;
+  counts_ = ExpertCounts{};
+  clock_.restart();
+  out_.on_interval(info);
+}
+
+}  // namespace minimind

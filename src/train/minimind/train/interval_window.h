@@ -1,0 +1,29 @@
+// The means of one log interval: sums the steps' losses, gradient norms, counts, tokens and
+// all-reduce time, and every log.interval steps (and at the last step) tells the observers.
+#pragma once
+
+#include "minimind/train/observer.h"
+#include "minimind/util/stopwatch.h"
+
+namespace minimind {
+
+class IntervalWindow : public Observer {
+ public:
+  // `out`: where the IntervalInfo goes (all observers). multi_rank: report all-reduce time.
+  IntervalWindow(int64_t interval, Observer& out, bool multi_rank)
+      : interval_(interval), out_(out), multi_rank_(multi_rank) {}
+  void on_step(const StepInfo& s) override;
+  // Evaluation time is not training throughput.
+  void on_eval(const EvalInfo&) override { clock_.restart(); }
+
+ private:
+  int64_t interval_;
+  Observer& out_;
+  bool multi_rank_;
+  double loss_ = 0, lm_ = 0, aux_ = 0, grad_norm_ = 0, comm_ = 0;
+  int64_t steps_ = 0, tokens_ = 0;
+  ExpertCounts counts_;
+  Stopwatch clock_;
+};
+
+}  // namespace minimind

@@ -1,0 +1,132 @@
+#include "minimind/train/session.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <filesystem>
+
+#include "minimind/data/prepare.h"
+#include "minimind/train/optim.h"
+#include "minimind/util/atomic_file.h"
+#include "minimind/util/blas_check.h"
+
+namespace fs = std::filesystem;
+
+namespace minimind {
+namespace {
+
+std::shared_ptr<spdlog::logger> make_run_logger(const std::string& run_dir, bool append, int rank) {
+  std::shared_ptr<spdlog::logger> log;
+  if (rank == 0) {
+    std::vector<spdlog::sink_ptr> sinks = spdlog::default_logger()->sinks();
+    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        (fs::path(run_dir) / "train.log").string(), /*truncate=*/!append));
+    log = std::make_shared<spdlog::logger>("minimind", sinks.begin(), sinks.end());
+  } else {
+    // A sink of its own: a pattern set on a shared sink would change the main's console.
+    log = std::make_shared<spdlog::logger>(
+        "minimind", std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+    log->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
+    log->set_level(spdlog::level::warn);
+  }
+  log->flush_on(spdlog::level::info);
+  return log;
+}
+
+// A resumed run must continue the same model; other changed settings are allowed (and
+// said). Returns the checkpoint's batch size, which converts an older data position.
+int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
+                             const std::string& checkpoint, const std::string& run_dir,
+                             spdlog::logger& log) {
+  Config saved = load_config_string(saved_state.config_yaml, checkpoint + "/state.json");
+  validate_and_resolve(saved);
+  const std::vector<std::string> model_diff = config_differences(saved, cfg, "model");
+  if (!model_diff.empty())
+    throw CheckpointError("cannot resume '" + checkpoint + "' with a different model (" +
+                              fmt::format("{}", fmt::join(model_diff, "; ")) + ")",
+                          "resume with the run's own config: " + run_dir + "/config.yaml");
+  for (const auto& d : config_differences(saved, cfg)) log.warn("resuming with a changed setting: {}", d);
+  log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step, saved_state.tokens);
+  return saved.train.batch_size;
+}
+
+}  // namespace
+
+std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
+                                           bool resume, bool overwrite, Distributed& dist) {
+  auto s = std::make_unique<TrainSession>();
+  const bool main_rank = dist.is_main();
+  s->run = open_run_directory(run_dir, resume, overwrite, dist);
+  s->log = make_run_logger(run_dir, resume, dist.rank());
+  spdlog::logger& log = *s->log;
+
+  int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
+  if (s->run.checkpoint) {
+    const TrainState saved = read_checkpoint_state(*s->run.checkpoint);
+    saved_batch_size = check_resumed_config(cfg, saved, *s->run.checkpoint, run_dir, log);
+  }
+  if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+  s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
+
+  // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
+  // the cache. The run directory keeps its own copy of the tokenizer.
+  std::optional<PreparedData> prepared;
+  if (main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, s->threads, log);
+  dist.barrier();
+  if (!main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, s->threads, log);
+  if (main_rank)
+    fs::copy_file(prepared->tokenizer_path, fs::path(run_dir) / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
+  s->train_tokens = TokenFile::open(prepared->train_path);
+  if (!prepared->val_path.empty() && prepared->val_docs > 0)
+    s->val_tokens = TokenFile::open(prepared->val_path);
+  else
+    log.warn("no validation split (data.val empty and data.val_fraction 0): no evaluation");
+  // Rank r draws global batches r, r + world, ...: a global batch of world x batch_size
+  // rows per micro-step, the same rows for any split of them over ranks.
+  s->sampler.emplace(s->train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
+                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
+
+  const BlasReport blas = check_blas();
+  if (!blas.ok)
+    log.warn("!!! matmul runs at {:.1f} GFLOP/s (BLAS: {}); expected > {:.0f}. Install an "
+             "optimised BLAS (`apt-get install libopenblas0-pthread`; scripts/install-deps.sh "
+             "does): training will be ~20x slower.", blas.gflops, blas.library, kMinSaneGflops);
+
+  // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
+  // (torch's default generator, whose state the checkpoints carry).
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  s->model = MiniMindForCausalLM(cfg.model);
+  init_weights(s->model);
+  s->optimizer = make_optimizer(s->model->parameters(), cfg.train);
+  s->state.config_yaml = config_to_yaml(cfg);
+  if (s->run.checkpoint) {
+    s->state = load_checkpoint(*s->run.checkpoint, s->model, *s->optimizer);
+    s->state.config_yaml = config_to_yaml(cfg);
+    // The position is stored in rows of the global stream: continue at the first row not
+    // yet drawn, whatever the rank count and batch size now.
+    const int64_t rows_per_batch = cfg.train.batch_size * dist.world_size();
+    const int64_t rows = s->state.loader_rows >= 0 ? s->state.loader_rows
+                                                   : s->state.loader_batches * saved_batch_size;
+    if (rows % rows_per_batch != 0)
+      log.warn("the checkpoint's data position ({} rows) is not a multiple of {} rows per "
+               "micro-step; {} rows are skipped", rows, rows_per_batch,
+               rows_per_batch - rows % rows_per_batch);
+    s->sampler->set_position((rows + rows_per_batch - 1) / rows_per_batch);
+  }
+  dist.broadcast_from_main(s->model->parameters());  // every rank starts from rank 0's weights
+
+  const ParamCount n = count_parameters(s->model);
+  const ModelConfig& m = cfg.model;
+  log.info("model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
+           "{} threads{}, BLAS {:.0f} GFLOP/s",
+           m.num_hidden_layers, m.hidden_size,
+           m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
+                     : std::string("dense"),
+           n.total / 1e6, n.active / 1e6, s->threads,
+           dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
+           blas.gflops);
+  return s;
+}
+
+}  // namespace minimind

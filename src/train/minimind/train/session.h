@@ -1,0 +1,43 @@
+// Everything a training run works on, made ready before the loop: the run directory, the
+// run's log, the data, the model and optimizer, and the state to continue from.
+#pragma once
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "minimind/config.h"
+#include "minimind/data/batcher.h"
+#include "minimind/data/token_file.h"
+#include "minimind/dist/distributed.h"
+#include "minimind/model/minimind_model.h"
+#include "minimind/run/checkpoint.h"
+
+namespace minimind {
+
+struct TrainSession {
+  RunDirectory run;
+  // The run's log: the default logger's sinks (the console the main set up) plus
+  // run_dir/train.log on rank 0; other ranks print warnings only, tagged with their rank.
+  std::shared_ptr<spdlog::logger> log;
+  int threads = 1;
+  TokenFile train_tokens;
+  std::optional<TokenFile> val_tokens;  // none when there is no validation split
+  std::optional<BatchSampler> sampler;  // draws from train_tokens, positioned to continue
+  MiniMindForCausalLM model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  TrainState state;  // fresh, or restored from run.checkpoint
+};
+
+// Opens (or resumes) the run in run_dir: checks a resumed run's config against its
+// checkpoint (a different model is a CheckpointError naming the keys), writes config.yaml,
+// sets the thread policy and the seed, prepares the data (rank 0 first, the others then
+// find it in the cache), builds or restores model, optimizer and data position, and gives
+// every rank rank 0's weights. Not movable: the sampler refers to train_tokens.
+std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
+                                           bool resume, bool overwrite, Distributed& dist);
+
+}  // namespace minimind
