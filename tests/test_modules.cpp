@@ -1,0 +1,182 @@
+// Each module of the model alone, with hand-set weights and answers worked out by hand, so a
+// parity failure of the whole model can be traced to a module: RMSNorm, rotary embeddings
+// (rotate-half, the position offset of the KV cache), attention (GQA head mapping, causal
+// mask) and the MoE layer with a fixed router (dispatch, weights, counts, aux loss).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "minimind/config.h"
+#include "minimind/model/attention.h"
+#include "minimind/model/moe_feed_forward.h"
+#include "minimind/model/rms_norm.h"
+#include "minimind/model/rope.h"
+
+using namespace minimind;
+
+namespace {
+
+// Copies hand-written values into a parameter.
+void set(torch::Tensor& param, const torch::Tensor& value) {
+  torch::NoGradGuard no_grad;
+  param.copy_(value.to(param.scalar_type()).view_as(param));
+}
+
+double silu(double x) { return x / (1 + std::exp(-x)); }
+
+}  // namespace
+
+TEST(RMSNorm, ScalesByTheRootMeanSquareInFloat32) {
+  RMSNorm norm(2, /*eps=*/0.0);
+  set(norm->weight, torch::tensor({1.0, 2.0}));
+  // x = [3, 4]: mean of squares 12.5, so x / sqrt(12.5) = [0.8485..., 1.1313...], times w.
+  torch::Tensor y = norm(torch::tensor({{3.0f, 4.0f}}));
+  EXPECT_NEAR(y[0][0].item<double>(), 3 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y[0][1].item<double>(), 2 * 4 / std::sqrt(12.5), 1e-6);
+  // eps keeps a zero row at zero instead of NaN.
+  RMSNorm with_eps(2, 1e-6);
+  EXPECT_TRUE(torch::equal(with_eps(torch::zeros({1, 2})), torch::zeros({1, 2})));
+  // A half-precision input is normalised in float32 and returned in its own type.
+  torch::Tensor h = norm(torch::tensor({{3.0f, 4.0f}}).to(torch::kHalf));
+  EXPECT_EQ(h.scalar_type(), torch::kHalf);
+  EXPECT_NEAR(h[0][1].item<double>(), 8 / std::sqrt(12.5), 2e-3);
+}
+
+TEST(Rope, RotatesDimensionPairsHalfAWidthApartByPositionTimesFrequency) {
+  // head_dim 4, theta 100: frequencies 1 and 100^(-2/4) = 0.1. Rotate-half pairs dimension
+  // i with i + 2: (x0, x2) turns by p radians, (x1, x3) by 0.1 p.
+  const RotaryTables t = make_rotary_tables(4, 8, 100.0);
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({1, 8, 1, 4});  // [B, T, heads, d]
+  torch::Tensor y = apply_rotary(x, t.cos, t.sin);
+  for (int64_t p = 0; p < 8; ++p) {
+    const double a = x[0][p][0][0].item<double>(), b = x[0][p][0][1].item<double>();
+    const double c = x[0][p][0][2].item<double>(), d = x[0][p][0][3].item<double>();
+    const double f0 = p * 1.0, f1 = p * 0.1;
+    EXPECT_NEAR(y[0][p][0][0].item<double>(), a * std::cos(f0) - c * std::sin(f0), 1e-5) << p;
+    EXPECT_NEAR(y[0][p][0][2].item<double>(), c * std::cos(f0) + a * std::sin(f0), 1e-5) << p;
+    EXPECT_NEAR(y[0][p][0][1].item<double>(), b * std::cos(f1) - d * std::sin(f1), 1e-5) << p;
+    EXPECT_NEAR(y[0][p][0][3].item<double>(), d * std::cos(f1) + b * std::sin(f1), 1e-5) << p;
+  }
+  // The KV cache feeds later tokens with the table rows of their absolute positions: the
+  // rows from an offset rotate exactly like the same positions of the whole sequence.
+  torch::Tensor tail = apply_rotary(x.narrow(1, 5, 3), t.cos.narrow(0, 5, 3), t.sin.narrow(0, 5, 3));
+  EXPECT_TRUE(torch::equal(tail, y.narrow(1, 5, 3)));
+}
+
+namespace {
+
+// Attention with hidden 8, 4 query heads and 2 kv heads of width 2 (query heads 0, 1 share
+// kv head 0; 2, 3 share kv head 1). v = the first four inputs, o_proj = identity; q = 0,
+// so every score is 0 and each query averages the values it may see.
+Attention hand_set_attention() {
+  ModelConfig cfg;
+  cfg.hidden_size = 8, cfg.num_attention_heads = 4, cfg.num_key_value_heads = 2;
+  Attention attn(cfg);
+  set(attn->q_proj->weight, torch::zeros({8, 8}));
+  set(attn->v_proj->weight, torch::eye(4, 8));  // v = x[0:4]: kv head 0 (x0, x1), 1 (x2, x3)
+  set(attn->o_proj->weight, torch::eye(8));
+  return attn;
+}
+
+}  // namespace
+
+TEST(Attention, GroupedQueryHeadsUseTheirKvHeadAndTheMaskHidesTheFuture) {
+  Attention attn = hand_set_attention();
+  const RotaryTables rope = make_rotary_tables(2, 16, 1e6);
+  torch::Tensor x = torch::arange(1, 25, torch::kFloat32).view({1, 3, 8});  // [B, T, H]
+  torch::Tensor out = attn(x, rope);                                        // [1, 3, 8]
+  for (int64_t t = 0; t < 3; ++t) {
+    // Uniform attention over positions 0..t: the mean of their values.
+    const torch::Tensor mean_v = x[0].narrow(0, 0, t + 1).narrow(1, 0, 4).mean(0);  // [4]
+    for (int64_t head = 0; head < 4; ++head) {
+      const int64_t kv = head / 2;
+      for (int64_t i = 0; i < 2; ++i)
+        EXPECT_NEAR(out[0][t][head * 2 + i].item<double>(), mean_v[kv * 2 + i].item<double>(), 1e-5)
+            << "position " << t << " head " << head;
+    }
+  }
+  // With real queries the future still does not leak: changing position 2 leaves 0 and 1 alone.
+  torch::manual_seed(4);
+  ModelConfig cfg;
+  cfg.hidden_size = 8, cfg.num_attention_heads = 4, cfg.num_key_value_heads = 2;
+  Attention random_attn(cfg);
+  torch::Tensor a = torch::randn({1, 3, 8}), b = a.clone();
+  b[0][2] = torch::randn({8});
+  torch::Tensor ya = random_attn(a, rope), yb = random_attn(b, rope);
+  EXPECT_TRUE(torch::equal(ya.narrow(1, 0, 2), yb.narrow(1, 0, 2)));
+  EXPECT_FALSE(torch::equal(ya.narrow(1, 2, 1), yb.narrow(1, 2, 1)));
+  // The KV cache: 2 tokens, then 1 more, give the whole sequence's outputs.
+  LayerKVCache cache;
+  torch::Tensor first = random_attn(a.narrow(1, 0, 2), rope, &cache);
+  torch::Tensor last = random_attn(a.narrow(1, 2, 1), rope, &cache);
+  EXPECT_EQ(cache.length(), 3);
+  EXPECT_TRUE(torch::allclose(torch::cat({first, last}, 1), ya, 1e-6, 1e-6));
+}
+
+namespace {
+
+// A MoE layer of 4 experts, top-2, over hidden 4, whose router is fixed: token n is the
+// one-hot vector e_n and gate.weight[e][n] its logit for expert e. Expert e has width 1 with
+// gate and up weights 1 and down_proj = e_e, so for a one-hot token it returns
+// silu(1) * e_e: the output of token n is sum over its two experts of weight * silu(1) * e_e.
+MOEFeedForward fixed_router_moe(bool norm_topk_prob, double aux_coef) {
+  ModelConfig cfg;
+  cfg.hidden_size = 4, cfg.use_moe = true, cfg.num_experts = 4, cfg.num_experts_per_tok = 2;
+  cfg.moe_intermediate_size = 1, cfg.norm_topk_prob = norm_topk_prob;
+  cfg.router_aux_loss_coef = aux_coef;
+  MOEFeedForward moe(cfg);
+  const double l2 = std::log(2.0), l4 = std::log(4.0);
+  // Router probabilities (softmax of the logits): token 0 and 1 [.5 .25 .125 .125],
+  // token 2 [.125 .125 .5 .25], token 3 [.25 .125 .125 .5].
+  const torch::Tensor logits = torch::tensor({{l4, l2, 0.0, 0.0},
+                                              {l4, l2, 0.0, 0.0},
+                                              {0.0, 0.0, l4, l2},
+                                              {l2, 0.0, 0.0, l4}});  // [token, expert]
+  set(moe->gate->weight, logits.t().contiguous());
+  for (int64_t e = 0; e < 4; ++e) {
+    auto& expert = *moe->experts->ptr<FeedForwardImpl>(e);
+    set(expert.gate_proj->weight, torch::ones({1, 4}));
+    set(expert.up_proj->weight, torch::ones({1, 4}));
+    set(expert.down_proj->weight, torch::eye(4).narrow(1, e, 1));
+  }
+  return moe;
+}
+
+const double kProbs[4][4] = {{.5, .25, .125, .125}, {.5, .25, .125, .125},
+                             {.125, .125, .5, .25}, {.25, .125, .125, .5}};
+const int kTop2[4][2] = {{0, 1}, {0, 1}, {2, 3}, {3, 0}};
+
+}  // namespace
+
+TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
+  const torch::Tensor x = torch::eye(4).unsqueeze(0);  // [B=1, T=4, H=4]: token n = e_n
+  for (bool renorm : {false, true}) {
+    MOEFeedForward moe = fixed_router_moe(renorm, 0.01);
+    const MoEOutput out = moe(x);
+    for (int n = 0; n < 4; ++n) {
+      const double p0 = kProbs[n][kTop2[n][0]], p1 = kProbs[n][kTop2[n][1]];
+      for (int e = 0; e < 4; ++e) {
+        double expected = 0;  // weight of expert e for token n, times silu(1)
+        if (e == kTop2[n][0]) expected = (renorm ? p0 / (p0 + p1) : p0) * silu(1.0);
+        if (e == kTop2[n][1]) expected = (renorm ? p1 / (p0 + p1) : p1) * silu(1.0);
+        EXPECT_NEAR(out.y[0][n][e].item<double>(), expected, 1e-6)
+            << "token " << n << " expert " << e << (renorm ? " (renormalised)" : "");
+      }
+    }
+    // Experts 0..3 are picked by 3, 2, 1 and 2 (token, slot) pairs.
+    EXPECT_TRUE(torch::equal(out.counts, torch::tensor({3, 2, 1, 2}, torch::kLong)));
+    // MiniMind's aux: E * coef * sum_e (c_e / N) * mean_n p_ne
+    //   = 4 * 0.01 * (3 * 11/32 + 2 * 6/32 + 1 * 7/32 + 2 * 8/32) / 4 = 0.01 * 2.125.
+    EXPECT_NEAR(out.aux_loss.item<double>(), 0.02125, 1e-8);
+  }
+  // In eval mode, or with coefficient 0, there is no aux loss; padding is left out of counts.
+  MOEFeedForward moe = fixed_router_moe(false, 0.01);
+  moe->eval();
+  EXPECT_EQ(moe(x).aux_loss.item<double>(), 0.0);
+  const MoEOutput no_coef = fixed_router_moe(false, 0.0)(x);
+  EXPECT_EQ(no_coef.aux_loss.item<double>(), 0.0);
+  const torch::Tensor real = torch::tensor({true, true, true, false});  // token 3 is padding
+  EXPECT_TRUE(torch::equal(moe(x, real).counts, torch::tensor({2, 2, 1, 1}, torch::kLong)));
+}
