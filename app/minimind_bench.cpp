@@ -1,16 +1,15 @@
 // minimind-bench: training and generation speed of the C++ model on the fixed bench config
 // (hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32).
 // scripts/bench.sh runs it next to the PyTorch reference (tests/reference/bench.py).
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
 #include <optional>
 #include <thread>
-
-#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "minimind/config.h"
 #include "minimind/error.h"
@@ -22,7 +21,6 @@
 #include "minimind/util/stopwatch.h"
 
 namespace {
-
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -36,8 +34,9 @@ double median(std::vector<double> v) {
 double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
   const double H = m.hidden_size, d = m.head_dim();
   const double attn = H * m.num_attention_heads * d * 2 + H * m.num_key_value_heads * d * 2;
-  const double ffn = m.use_moe ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() + H * m.num_experts
-                               : 3 * H * m.ffn_size();
+  const double ffn = m.use_moe
+                         ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() + H * m.num_experts
+                         : 3 * H * m.ffn_size();
   const double matmul_params = m.num_hidden_layers * (attn + ffn) + H * m.vocab_size;
   return 6 * matmul_params + 12.0 * m.num_hidden_layers * seq * m.num_attention_heads * d;
 }
@@ -50,14 +49,18 @@ int main(int argc, char** argv) {
   int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
   bool json = false, default_malloc = false;
   std::string profile;
-  app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
+  app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")
+      ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
   app.add_option("--steps", steps, "measured steps (median over them)");
   app.add_option("--warmup", warmup, "steps before measuring");
   app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)");
-  app.add_option("--blas-threads", blas_threads, "OpenBLAS threads while training (0: the trainer's choice)");
-  app.add_option("--torch-threads", torch_threads, "torch intra-op threads (0: the trainer's choice)");
+  app.add_option("--blas-threads", blas_threads,
+                 "OpenBLAS threads while training (0: the trainer's choice)");
+  app.add_option("--torch-threads", torch_threads,
+                 "torch intra-op threads (0: the trainer's choice)");
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
-  app.add_option("--profile", profile, "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
+  app.add_option("--profile", profile,
+                 "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_flag("--json", json, "one JSON line on stdout");
   CLI11_PARSE(app, argc, argv);
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
@@ -65,9 +68,11 @@ int main(int argc, char** argv) {
   return minimind::run_main([&] {
     using namespace minimind;
     Config cfg = load_config_string(
-        "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, num_key_value_heads: 2,\n"
+        "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, "
+        "num_key_value_heads: 2,\n"
         "        vocab_size: 6400, num_experts: 4, norm_topk_prob: false}\n"
-        "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n", "bench");
+        "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n",
+        "bench");
     cfg.model.use_moe = preset != "dense";
     cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
     validate_and_resolve(cfg);
@@ -104,10 +109,12 @@ int main(int argc, char** argv) {
       opt->step();
       clear_gradients(model->parameters());
       const double o = clock.seconds();
-      if (s >= warmup) fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
+      if (s >= warmup)
+        fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
       if (trace) {
         trace.reset();  // writes the file
-        spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile, s + 1);
+        spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile,
+                     s + 1);
       }
     }
     const double step = median(total);
@@ -134,17 +141,21 @@ int main(int argc, char** argv) {
     const double rss_mb = ru.ru_maxrss / 1024.0;
     if (json) {
       std::cout << fmt::format(
-          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, \"tok_s_min\": {:.1f}, "
-          "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, \"opt_ms\": {:.1f}, "
-          "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": {:.1f}}}\n",
+          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, "
+          "\"tok_s_min\": {:.1f}, "
+          "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, "
+          "\"opt_ms\": {:.1f}, "
+          "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": "
+          "{:.1f}}}\n",
           preset, n_threads, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
           1e3 * median(optim), rss_mb, mfu, peak, gen_s);
     } else {
       std::cout << fmt::format(
-          "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + opt {:.0f} | "
+          "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "
+          "opt {:.0f} | "
           "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s | generation {:.0f} tok/s\n",
-          preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim),
-          rss_mb, 100 * mfu, peak, gen_s);
+          preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
+          1e3 * median(optim), rss_mb, 100 * mfu, peak, gen_s);
     }
     return 0;
   });

@@ -1,23 +1,23 @@
 // minimind-eval: loss/perplexity and expert load of a checkpoint on any corpus, text
 // generation, and inspection of a run's expert-load logs (terminal and report.html).
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
+#include "minimind/analysis/inspect.h"
+#include "minimind/analysis/report.h"
 #include "minimind/data/prepare.h"
+#include "minimind/error.h"
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
-#include "minimind/analysis/inspect.h"
-#include "minimind/analysis/report.h"
-#include "minimind/error.h"
-#include "minimind/run/run_log.h"
 #include "minimind/run/routing_metrics.h"
+#include "minimind/run/run_log.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
 #include "minimind/util/stopwatch.h"
@@ -35,8 +35,9 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   using namespace minimind;
   const Config& cfg = m.config;
   std::optional<TokenFile> docs;
-  const std::string tmp = (std::filesystem::temp_directory_path() /
-                           ("minimind-eval-" + std::to_string(::getpid()))).string();
+  const std::string tmp =
+      (std::filesystem::temp_directory_path() / ("minimind-eval-" + std::to_string(::getpid())))
+          .string();
   if (!a.data.empty()) {
     if (!m.tokenizer) throw TokenizerError("--data needs a tokenizer: pass --tokenizer FILE.model");
     docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
@@ -53,11 +54,13 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   std::filesystem::remove_all(tmp);
 
   EvalSummary summary{r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs, m.weights, {}};
-  spdlog::info("loss {:.4f} | ppl {:.2f} | {} predicted tokens of {} documents | {:.1f} s ({:.0f} tokens/s)",
-               r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
+  spdlog::info(
+      "loss {:.4f} | ppl {:.2f} | {} predicted tokens of {} documents | {:.1f} s ({:.0f} tokens/s)",
+      r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
   for (size_t l = 0; l < r.expert_counts.layers.size(); ++l) {
     const RoutingMetrics rm = routing_metrics(r.expert_counts.layers[l]);
-    spdlog::info("  {}  counts {}", load_row(static_cast<int64_t>(l), rm), fmt::join(rm.counts, " "));
+    spdlog::info("  {}  counts {}", load_row(static_cast<int64_t>(l), rm),
+                 fmt::join(rm.counts, " "));
     summary.expert_load.push_back(LoadRecord::make(m.step, static_cast<int64_t>(l), "eval", rm));
   }
   if (a.json) std::cout << nlohmann::json(summary).dump() << std::endl;
@@ -66,7 +69,8 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
 
 int generate_command(const Args& a, minimind::EvalModel& m) {
   using namespace minimind;
-  if (!m.tokenizer) throw TokenizerError("generation needs a tokenizer: pass --tokenizer FILE.model");
+  if (!m.tokenizer)
+    throw TokenizerError("generation needs a tokenizer: pass --tokenizer FILE.model");
   const Tokenizer& tok = *m.tokenizer;
   std::vector<int64_t> prompt{kBosId};
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
@@ -99,28 +103,36 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
 
 int main(int argc, char** argv) {
   minimind::tune_malloc();  // before the first large tensor
-  CLI::App app{"minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
+  CLI::App app{
+      "minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
   Args a;
   bool no_cache = false;
-  app.add_option("--checkpoint", a.checkpoint,
-                 "checkpoint directory (runs/X/checkpoints/step_N), run directory, or MiniMind .pth");
+  app.add_option(
+      "--checkpoint", a.checkpoint,
+      "checkpoint directory (runs/X/checkpoints/step_N), run directory, or MiniMind .pth");
   app.add_option("--config", a.config, "YAML config (required for a bare .pth)");
-  app.add_option("--tokenizer", a.tokenizer, "sentencepiece .model (default: the run's tokenizer.model)");
-  app.add_option("--data", a.data, "JSONL corpus to evaluate (default: the run's validation split)");
+  app.add_option("--tokenizer", a.tokenizer,
+                 "sentencepiece .model (default: the run's tokenizer.model)");
+  app.add_option("--data", a.data,
+                 "JSONL corpus to evaluate (default: the run's validation split)");
   app.add_option("--max-docs", a.max_docs, "evaluate at most N documents");
   app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)");
   app.add_option("--threads", a.threads, "intra-op threads (default: one per core)");
   app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
   app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
   app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)");
-  app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)");
   app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)");
-  app.add_option("--repetition-penalty", a.gen.repetition_penalty, "MiniMind's penalty, 1 = off (default 1.0)");
+  app.add_option("--repetition-penalty", a.gen.repetition_penalty,
+                 "MiniMind's penalty, 1 = off (default 1.0)");
   app.add_option("--seed", a.gen.seed, "sampling seed (default 42)");
   app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
-  app.add_flag("--no-cache", no_cache, "recompute the whole sequence for every token (slow; for checks)");
-  app.add_option("--inspect", a.inspect, "show a run's expert-load history in the terminal (RUN_DIR)");
+  app.add_flag("--no-cache", no_cache,
+               "recompute the whole sequence for every token (slow; for checks)");
+  app.add_option("--inspect", a.inspect,
+                 "show a run's expert-load history in the terminal (RUN_DIR)");
   app.add_option("--report", a.report, "write RUN_DIR/report.html");
   CLI11_PARSE(app, argc, argv);
   a.gen.use_cache = !no_cache;
@@ -129,7 +141,8 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
   return minimind::run_main([&] {
     if (!a.inspect.empty() || !a.report.empty()) {
-      if (!a.inspect.empty()) std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
+      if (!a.inspect.empty())
+        std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
       if (!a.report.empty()) spdlog::info("wrote {}", minimind::write_report(a.report));
       return 0;
     }
@@ -139,7 +152,8 @@ int main(int argc, char** argv) {
     }
     const int threads = minimind::use_threads(a.threads);
     const bool generating = !a.prompt.empty();
-    minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer, generating || !a.data.empty());
+    minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer,
+                                                      generating || !a.data.empty());
     spdlog::info("loaded {}", m.weights);
     if (!generating || !a.data.empty()) evaluate_command(a, m, threads);
     if (generating) generate_command(a, m);

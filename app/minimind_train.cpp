@@ -1,11 +1,11 @@
 // minimind-train: trains a MiniMind model (dense or MoE) from a YAML config.
 // All logic is in the library (minimind/train/trainer.h); this parses the command line,
 // sets up what belongs to the process (logger, signal handlers), and calls train().
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstring>
 
@@ -32,7 +32,8 @@ extern "C" void on_stop_signal(int sig) {
     return;
   }
   g_stop.request(sig);
-  const char msg[] = "\nstopping after this step with a checkpoint (send the signal again to quit now)\n";
+  const char msg[] =
+      "\nstopping after this step with a checkpoint (send the signal again to quit now)\n";
   (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
@@ -57,13 +58,18 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "YAML config (sections run, model, data, train, log)")
       ->required()
       ->check(CLI::ExistingFile);
-  app.add_option("--set", overrides, "override a key before validation: section.key=value (repeatable)");
+  app.add_option("--set", overrides,
+                 "override a key before validation: section.key=value (repeatable)");
   app.add_option("--out", options.out_dir, "run directory (default: runs/<run.name>)");
-  app.add_flag("--resume", options.resume, "continue from the newest complete checkpoint in the run directory");
-  app.add_flag("--overwrite", options.overwrite, "start again in a run directory that holds an earlier run");
-  app.add_option("--threads", threads, "intra-op threads (same as --set run.threads=N; 0 = one per core)");
+  app.add_flag("--resume", options.resume,
+               "continue from the newest complete checkpoint in the run directory");
+  app.add_flag("--overwrite", options.overwrite,
+               "start again in a run directory that holds an earlier run");
+  app.add_option("--threads", threads,
+                 "intra-op threads (same as --set run.threads=N; 0 = one per core)");
   app.add_option("--seed", seed, "random seed (same as --set run.seed=N)");
-  app.add_flag("--prepare-only", prepare_only, "prepare tokenizer and token files (cached), then exit");
+  app.add_flag("--prepare-only", prepare_only,
+               "prepare tokenizer and token files (cached), then exit");
   app.add_flag("--print-config", print_config, "print the resolved config as YAML and exit");
   CLI11_PARSE(app, argc, argv);
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
@@ -79,7 +85,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_only) {
-      minimind::prepare_data(cfg.data, cfg.model.vocab_size, minimind::use_threads(cfg.run.threads));
+      minimind::prepare_data(cfg.data, cfg.model.vocab_size,
+                             minimind::use_threads(cfg.run.threads));
       return 0;
     }
     // torchrun's variables (RANK, WORLD_SIZE, ...) make this one rank of a job.
@@ -88,7 +95,8 @@ int main(int argc, char** argv) {
     if (env.world_size > 1) {
       spdlog::info("rank {} of {} (local {} of {}): joining {}:{}", env.rank, env.world_size,
                    env.local_rank, env.local_world_size, env.master_addr, env.master_port);
-      dist = std::make_unique<minimind::Distributed>(env, std::chrono::seconds(cfg.run.dist_timeout));
+      dist =
+          std::make_unique<minimind::Distributed>(env, std::chrono::seconds(cfg.run.dist_timeout));
     }
     install_stop_handlers();
     minimind::ReportWriter report;

@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake pkg-config ninja-build
+  # the test suite checks the tree against .clang-format
+  clang-format
   # C++ libraries
   libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev

@@ -27,7 +27,8 @@ void expect_error(const std::string& yaml, const std::vector<std::string>& parts
                   const std::vector<std::string>& overrides = {}) {
   const std::string msg = error_of(yaml, overrides);
   ASSERT_FALSE(msg.empty()) << "no error for:\n" << yaml;
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  for (const auto& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
 }
 
 std::string shipped(const std::string& name) {
@@ -115,8 +116,9 @@ TEST(ConfigOverrides, SetChangesValuesBeforeValidation) {
   EXPECT_EQ(c.config.origin.at("train.max_steps"), "--set train.max_steps=70");
   EXPECT_EQ(c.warnings.size(), 1u);  // now top-1 with renormalisation
   // An override makes an invalid value that validation then reports with its origin.
-  expect_error("", {"model.num_experts_per_tok", "--set model.num_experts_per_tok=9",
-                    "more than model.num_experts"},
+  expect_error("",
+               {"model.num_experts_per_tok", "--set model.num_experts_per_tok=9",
+                "more than model.num_experts"},
                {"model.num_experts_per_tok=9"});
 }
 
@@ -125,7 +127,8 @@ TEST(ConfigOverrides, BadSetIsAnError) {
   expect_error("", {"expected section.key=value"}, {"max_steps=3"});
   expect_error("", {"unknown key 'train.max_stepz'", "keys of 'train' are"}, {"train.max_stepz=3"});
   expect_error("", {"unknown key 'trian.max_steps'", "sections are"}, {"trian.max_steps=3"});
-  expect_error("", {"train.max_steps", "--set", "expected an integer", "\"ten\""}, {"train.max_steps=ten"});
+  expect_error("", {"train.max_steps", "--set", "expected an integer", "\"ten\""},
+               {"train.max_steps=ten"});
 }
 
 TEST(ConfigErrors, UnknownKeyNamesKeyAndLine) {
@@ -147,10 +150,12 @@ TEST(ConfigErrors, WrongTypeNamesKeyAndLine) {
 }
 
 TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
-  expect_error("model:\n  hidden_size: 100\n  num_attention_heads: 3\n",
-               {"model.hidden_size", "test.yaml line 2", "not divisible by model.num_attention_heads"});
-  expect_error("model:\n  num_attention_heads: 8\n  num_key_value_heads: 3\n",
-               {"model.num_attention_heads", "line 2", "not divisible by model.num_key_value_heads"});
+  expect_error(
+      "model:\n  hidden_size: 100\n  num_attention_heads: 3\n",
+      {"model.hidden_size", "test.yaml line 2", "not divisible by model.num_attention_heads"});
+  expect_error(
+      "model:\n  num_attention_heads: 8\n  num_key_value_heads: 3\n",
+      {"model.num_attention_heads", "line 2", "not divisible by model.num_key_value_heads"});
   expect_error("model:\n  use_moe: true\n  num_experts: 2\n  num_experts_per_tok: 3\n",
                {"model.num_experts_per_tok", "line 4", "more than model.num_experts"});
   expect_error("model:\n  hidden_size: 0\n", {"model.hidden_size", "line 2", "must be > 0"});
@@ -168,20 +173,25 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
   // pack rows are max_seq_len + 1 long; pad rows max_seq_len.
   expect_error("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n",
                {"data.max_seq_len", "line 4", "pack mode needs max_seq_len + 1"});
-  EXPECT_EQ(error_of("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n  mode: pad\n"), "");
+  EXPECT_EQ(
+      error_of("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n  mode: pad\n"),
+      "");
   expect_error("data:\n  strict: maybe\n", {"data.strict", "true or false"});
   expect_error("data:\n  cache_dir: ''\n", {"data.cache_dir", "directory"});
   expect_error("train:\n  learning_rate: 0\n", {"train.learning_rate", "> 0"});
-  expect_error("train:\n  max_steps: 10\n  warmup_steps: 10\n", {"train.warmup_steps", "less than"});
+  expect_error("train:\n  max_steps: 10\n  warmup_steps: 10\n",
+               {"train.warmup_steps", "less than"});
   expect_error("run:\n  name: a/b\n", {"run.name", "slashes"});
   // A default that becomes invalid through another key says "default".
-  expect_error("model:\n  num_attention_heads: 5\n  num_key_value_heads: 5\n", {"model.hidden_size (default)"});
+  expect_error("model:\n  num_attention_heads: 5\n  num_key_value_heads: 5\n",
+               {"model.hidden_size (default)"});
 }
 
 TEST(ConfigErrors, DuplicatesAndBadYaml) {
   expect_error("model:\n  hidden_size: 64\n  hidden_size: 128\n",
                {"'model.hidden_size' appears twice", "line 3"});
-  expect_error("model:\n  hidden_size: 64\nmodel:\n  use_moe: true\n", {"section 'model' appears twice"});
+  expect_error("model:\n  hidden_size: 64\nmodel:\n  use_moe: true\n",
+               {"section 'model' appears twice"});
   expect_error("model:\n  hidden_size: [64\n", {"invalid YAML", "test.yaml line"});
 }
 

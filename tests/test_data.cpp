@@ -1,13 +1,12 @@
 // Data: JSONL reading and bad input, the sentencepiece tokenizer (round trip, determinism,
 // Python parity), token files (format errors), preparation cache, and batching.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "minimind/config.h"
@@ -26,7 +25,9 @@ namespace {
 using test::temp_dir;
 using test::write_text;
 
-std::string jsonl_line(const std::string& text) { return nlohmann::json{{"text", text}}.dump() + "\n"; }
+std::string jsonl_line(const std::string& text) {
+  return nlohmann::json{{"text", text}}.dump() + "\n";
+}
 
 // The first n records of the shipped corpus, plus some Chinese and emoji text.
 std::string sample_corpus(int n) {
@@ -34,7 +35,8 @@ std::string sample_corpus(int n) {
   std::string out, line;
   for (int i = 0; i < n && std::getline(in, line); ++i) out += line + "\n";
   for (int i = 0; i < 20; ++i) {
-    out += jsonl_line("她说：“今天天气很好，我们去公园散步吧。”他笑了。第" + std::to_string(i) + "章\n新的一天。");
+    out += jsonl_line("她说：“今天天气很好，我们去公园散步吧。”他笑了。第" + std::to_string(i) +
+                      "章\n新的一天。");
     out += jsonl_line("Emoji line 🙂🚀 with tabs\tand  double  spaces " + std::to_string(i));
   }
   return out;
@@ -88,16 +90,16 @@ TEST(Jsonl, ValidUtf8Check) {
   EXPECT_TRUE(is_valid_utf8("plain ascii"));
   EXPECT_TRUE(is_valid_utf8("中文 🙂"));
   EXPECT_FALSE(is_valid_utf8("\xff"));
-  EXPECT_FALSE(is_valid_utf8("abc\xe4\xb8"));        // truncated
-  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));           // overlong '/'
-  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));       // UTF-16 surrogate
-  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));   // > U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("abc\xe4\xb8"));       // truncated
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // UTF-16 surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // > U+10FFFF
 }
 
 TEST(Jsonl, BadLinesAreSkippedAndCounted) {
   const std::string dir = temp_dir("bad");
   const std::string path = dir + "/bad.jsonl";
-  write_text(path, jsonl_line("good one") +               // 1
+  write_text(path, jsonl_line("good one") +                 // 1
                        "{\"text\": \"unterminated\n" +      // 2 invalid JSON
                        "{\"txt\": \"wrong key\"}\n" +       // 3 no text
                        "{\"text\": 42}\n" +                 // 4 text not a string
@@ -107,9 +109,8 @@ TEST(Jsonl, BadLinesAreSkippedAndCounted) {
                        "{\"text\": \"bad \xff byte\"}\n" +  // 8 invalid UTF-8
                        jsonl_line("good two"));             // 9
   std::vector<std::pair<std::string, int64_t>> got;
-  CorpusStats stats = read_corpus(path, {}, [&](std::string_view t, int64_t line) {
-    got.emplace_back(std::string(t), line);
-  });
+  CorpusStats stats = read_corpus(
+      path, {}, [&](std::string_view t, int64_t line) { got.emplace_back(std::string(t), line); });
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0], std::make_pair(std::string("good one"), int64_t{1}));
   EXPECT_EQ(got[1], std::make_pair(std::string("good two"), int64_t{9}));
@@ -157,7 +158,8 @@ TEST_F(TokenizerTest, SpecialIdsAreMiniMinds) {
 TEST_F(TokenizerTest, RoundTripIsLossless) {
   Tokenizer tok = Tokenizer::from_file(*dir_ + "/tok.model");
   for (const auto& text : kRoundTripTexts) EXPECT_EQ(tok.decode(tok.encode(text)), text) << text;
-  for (size_t i = 0; i < texts_->size(); i += 7) EXPECT_EQ(tok.decode(tok.encode((*texts_)[i])), (*texts_)[i]);
+  for (size_t i = 0; i < texts_->size(); i += 7)
+    EXPECT_EQ(tok.decode(tok.encode((*texts_)[i])), (*texts_)[i]);
 }
 
 TEST_F(TokenizerTest, NewlineIsItsOwnPiece) {
@@ -272,8 +274,8 @@ TEST(TokenFileFormat, UnfinishedWriterLeavesNothing) {
 
 TEST(Batching, PadModeFollowsMiniMindsRule) {
   // Stored documents are [bos] body [eos]; max_seq_len 6 keeps bos + body[:4] + eos.
-  const std::string path = make_token_file(temp_dir("pad") + "/p.tok",
-                                           {{1, 5, 6, 7, 2}, {1, 8, 2}, {1, 9, 10, 11, 12, 13, 14, 2}});
+  const std::string path = make_token_file(
+      temp_dir("pad") + "/p.tok", {{1, 5, 6, 7, 2}, {1, 8, 2}, {1, 9, 10, 11, 12, 13, 14, 2}});
   TokenFile f = TokenFile::open(path);
   BatchSampler s(f, "pad", 3, 6, 42);
   const std::vector<std::vector<int64_t>> rows = {
@@ -333,7 +335,8 @@ TEST(Batching, DeterministicAndResumable) {
     // A resumed sampler continues with exactly the batches the first one drew.
     BatchSampler resumed(f, mode, 4, 6, 123);
     resumed.set_position(17);
-    for (int i = 17; i < 30; ++i) EXPECT_TRUE(torch::equal(resumed.next().input_ids, seq[i].input_ids));
+    for (int i = 17; i < 30; ++i)
+      EXPECT_TRUE(torch::equal(resumed.next().input_ids, seq[i].input_ids));
     EXPECT_FALSE(torch::equal(other.batch(0).input_ids, seq[0].input_ids));
     // Rank r of 2 draws global batches 2i + r.
     BatchSampler r0(f, mode, 4, 6, 123, 0, 2), r1(f, mode, 4, 6, 123, 1, 2);
@@ -343,7 +346,8 @@ TEST(Batching, DeterministicAndResumable) {
 }
 
 TEST(Batching, TooSmallForOneBatchIsAnError) {
-  TokenFile f = TokenFile::open(make_token_file(temp_dir("small") + "/s.tok", {{1, 5, 2}, {1, 6, 2}}));
+  TokenFile f =
+      TokenFile::open(make_token_file(temp_dir("small") + "/s.tok", {{1, 5, 2}, {1, 6, 2}}));
   EXPECT_THROW(BatchSampler(f, "pack", 2, 6, 0), DataError);  // 6 tokens < 7
   EXPECT_THROW(BatchSampler(f, "pad", 3, 6, 0), DataError);   // 2 docs < batch 3
   EXPECT_NO_THROW(BatchSampler(f, "pack", 2, 5, 0));
@@ -384,8 +388,10 @@ TEST(Prepare, CacheHitsOnSameContentAndMissesOnChange) {
       return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     };
     // (compared as booleans: a mismatch would print megabytes)
-    EXPECT_TRUE(bytes(again.train_path) == bytes(first.train_path)) << again.train_path << " vs " << first.train_path;
-    EXPECT_TRUE(bytes(again.val_path) == bytes(first.val_path)) << again.val_path << " vs " << first.val_path;
+    EXPECT_TRUE(bytes(again.train_path) == bytes(first.train_path))
+        << again.train_path << " vs " << first.train_path;
+    EXPECT_TRUE(bytes(again.val_path) == bytes(first.val_path))
+        << again.val_path << " vs " << first.val_path;
     EXPECT_TRUE(bytes(again.tokenizer_path) == bytes(first.tokenizer_path));
   }
 

@@ -1,22 +1,22 @@
 // minimind-eval and inspection: evaluation semantics, the JSON output, bad checkpoints,
 // KV-cache generation, the terminal inspection and the HTML report.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "minimind/analysis/inspect.h"
+#include "minimind/analysis/report.h"
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
 #include "minimind/data/token_file.h"
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
-#include "minimind/analysis/inspect.h"
-#include "minimind/analysis/report.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/train/trainer.h"
 #include "support/test_support.h"
@@ -52,9 +52,10 @@ class EvalTest : public testing::Test {
     dir_ = new std::string(test::temp_dir("eval"));
     for (bool moe : {true, false}) {
       const Config cfg = test::tiny_config(
-          *dir_, {"model.use_moe=" + std::string(moe ? "true" : "false"), "model.num_experts_per_tok=1",
-                  "data.max_seq_len=48", "train.accumulation_steps=1", "train.max_steps=12",
-                  "train.eval_interval=6", "train.checkpoint_interval=6", "train.keep_checkpoints=3"});
+          *dir_,
+          {"model.use_moe=" + std::string(moe ? "true" : "false"), "model.num_experts_per_tok=1",
+           "data.max_seq_len=48", "train.accumulation_steps=1", "train.max_steps=12",
+           "train.eval_interval=6", "train.checkpoint_interval=6", "train.keep_checkpoints=3"});
       ReportWriter report;  // as minimind-train does
       TrainOptions options;
       options.out_dir = *dir_ + (moe ? "/moe" : "/dense");
@@ -137,7 +138,8 @@ TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
   // A truncated model.pth.
   fs::copy(ckpt(), *dir_ + "/broken", fs::copy_options::recursive);
   fs::resize_file(*dir_ + "/broken/model.pth", 1000);
-  Command corrupt = run("--checkpoint " + *dir_ + "/broken --tokenizer " + *dir_ + "/moe/tokenizer.model");
+  Command corrupt =
+      run("--checkpoint " + *dir_ + "/broken --tokenizer " + *dir_ + "/moe/tokenizer.model");
   EXPECT_NE(corrupt.status, 0);
   EXPECT_NE(corrupt.err.find("corrupt or truncated"), std::string::npos) << corrupt.err;
 
@@ -145,23 +147,28 @@ TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
   Command no_config = run("--checkpoint " + ckpt() + "/model.pth");
   EXPECT_NE(no_config.status, 0);
   EXPECT_NE(no_config.err.find("pass --config"), std::string::npos) << no_config.err;
-  std::ofstream(*dir_ + "/wrong.yaml") << "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2,"
-                                          " num_key_value_heads: 1, vocab_size: 512, use_moe: true}\n"
-                                          "data: {max_seq_len: 48}\n";
+  std::ofstream(*dir_ + "/wrong.yaml")
+      << "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2,"
+         " num_key_value_heads: 1, vocab_size: 512, use_moe: true}\n"
+         "data: {max_seq_len: 48}\n";
   Command mismatch = run("--checkpoint " + ckpt() + "/model.pth --config " + *dir_ + "/wrong.yaml");
   EXPECT_NE(mismatch.status, 0);
   EXPECT_NE(mismatch.err.find("do not match the model config"), std::string::npos) << mismatch.err;
-  EXPECT_NE(mismatch.err.find("shape of model.embed_tokens.weight"), std::string::npos) << mismatch.err;
+  EXPECT_NE(mismatch.err.find("shape of model.embed_tokens.weight"), std::string::npos)
+      << mismatch.err;
 
   // A tokenizer whose vocabulary disagrees with the model.
-  std::ofstream(*dir_ + "/v600.yaml") << "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,"
-                                         " num_key_value_heads: 1, vocab_size: 600}\n"
-                                         "data: {train: " + *dir_ + "/corpus.jsonl, cache_dir: " + *dir_ + "/cache}\n";
+  std::ofstream(*dir_ + "/v600.yaml")
+      << "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,"
+         " num_key_value_heads: 1, vocab_size: 600}\n"
+         "data: {train: " +
+             *dir_ + "/corpus.jsonl, cache_dir: " + *dir_ + "/cache}\n";
   LoadedConfig v600 = load_config(*dir_ + "/v600.yaml", {});
   std::string other_tok = prepare_data(v600.config.data, 600, 1).tokenizer_path;
   Command vocab = run("--checkpoint " + ckpt() + " --tokenizer " + other_tok + " --prompt Emma");
   EXPECT_NE(vocab.status, 0);
-  EXPECT_NE(vocab.err.find("has 600 pieces but model.vocab_size is 512"), std::string::npos) << vocab.err;
+  EXPECT_NE(vocab.err.find("has 600 pieces but model.vocab_size is 512"), std::string::npos)
+      << vocab.err;
 }
 
 TEST_F(EvalTest, GreedyWithKvCacheEqualsWithoutAndSeedsRepeat) {
@@ -191,7 +198,9 @@ TEST_F(EvalTest, GreedyWithKvCacheEqualsWithoutAndSeedsRepeat) {
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_EQ(c.out.rfind("Emma said", 0), 0u) << c.out;
   EXPECT_NE(c.err.find("tokens/s"), std::string::npos) << c.err;
-  EXPECT_EQ(run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3").out, c.out);
+  EXPECT_EQ(
+      run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3").out,
+      c.out);
 }
 
 TEST(Sampling, FilterFollowsMiniMindsOrder) {
@@ -223,7 +232,8 @@ TEST(Sampling, FilterFollowsMiniMindsOrder) {
 TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
   const std::string moe = *dir_ + "/moe/report.html", dense = *dir_ + "/dense/report.html";
   ASSERT_TRUE(fs::exists(moe));  // written by the trainer at the end of the run
-  const std::string check = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR + "/tests/reference/check_html.py ";
+  const std::string check =
+      std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR + "/tests/reference/check_html.py ";
   EXPECT_EQ(std::system((check + moe + " 2").c_str()), 0);
   EXPECT_EQ(std::system((check + dense + " 0").c_str()), 0);
   std::ifstream in(moe);

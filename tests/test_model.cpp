@@ -2,7 +2,6 @@
 // gradient starvation of MiniMind issue #858, weights I/O errors, and the BLAS in use.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <cstdio>
@@ -191,7 +190,8 @@ TEST(WeightsIO, MismatchedConfigListsMismatches) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("do not match the model config"), std::string::npos) << msg;
     EXPECT_NE(msg.find("shape of model.embed_tokens.weight: file [512, 128], model [512, 64]"),
-              std::string::npos) << msg;
+              std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("missing model.layers.0.mlp.up_proj.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
   }

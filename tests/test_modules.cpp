@@ -23,7 +23,9 @@ void set(torch::Tensor& param, const torch::Tensor& value) {
   param.copy_(value.to(param.scalar_type()).view_as(param));
 }
 
-double silu(double x) { return x / (1 + std::exp(-x)); }
+double silu(double x) {
+  return x / (1 + std::exp(-x));
+}
 
 }  // namespace
 
@@ -61,7 +63,8 @@ TEST(Rope, RotatesDimensionPairsHalfAWidthApartByPositionTimesFrequency) {
   }
   // The KV cache feeds later tokens with the table rows of their absolute positions: the
   // rows from an offset rotate exactly like the same positions of the whole sequence.
-  torch::Tensor tail = apply_rotary(x.narrow(1, 5, 3), t.cos.narrow(0, 5, 3), t.sin.narrow(0, 5, 3));
+  torch::Tensor tail =
+      apply_rotary(x.narrow(1, 5, 3), t.cos.narrow(0, 5, 3), t.sin.narrow(0, 5, 3));
   EXPECT_TRUE(torch::equal(tail, y.narrow(1, 5, 3)));
 }
 
@@ -144,8 +147,8 @@ MOEFeedForward fixed_router_moe(bool norm_topk_prob, double aux_coef) {
   return moe;
 }
 
-const double kProbs[4][4] = {{.5, .25, .125, .125}, {.5, .25, .125, .125},
-                             {.125, .125, .5, .25}, {.25, .125, .125, .5}};
+const double kProbs[4][4] = {
+    {.5, .25, .125, .125}, {.5, .25, .125, .125}, {.125, .125, .5, .25}, {.25, .125, .125, .5}};
 const int kTop2[4][2] = {{0, 1}, {0, 1}, {2, 3}, {3, 0}};
 
 }  // namespace

@@ -11,7 +11,6 @@
 // by >= 1e-3.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -106,12 +105,13 @@ TEST_P(Parity, MatchesReference) {
   EXPECT_LE(d_aux, kTol);
   if (fx.contains("counts")) {
     EXPECT_TRUE(torch::equal(torch::stack(out.expert_counts), fx.at("counts").toTensor()))
-        << torch::stack(out.expert_counts) << "\nvs reference\n" << fx.at("counts").toTensor();
+        << torch::stack(out.expert_counts) << "\nvs reference\n"
+        << fx.at("counts").toTensor();
   } else {
     EXPECT_TRUE(out.expert_counts.empty());
   }
-  std::string report = "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) +
-                       ", aux " + c10::str(d_aux);
+  std::string report =
+      "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) + ", aux " + c10::str(d_aux);
 
   if (train) {
     (out.loss + out.aux_loss).backward();
@@ -141,8 +141,12 @@ TEST_P(Parity, MatchesReference) {
     clear_gradients(params);  // the gradient check above left its gradients
     for (int64_t s = 0; s < ref_losses.size(0); ++s) {
       // The trainer's own step: backward, fill, clip, AdamW, clear_gradients.
-      StepStats st = optimizer_step(model, *opt, [&] { return Batch{ids, labels}; }, 1, tc.grad_clip,
-                                    tc.learning_rate);
+      StepStats st = optimizer_step(
+          model, *opt,
+          [&] {
+            return Batch{ids, labels};
+          },
+          1, tc.grad_clip, tc.learning_rate);
       const double d = std::abs(st.loss - ref_losses[s].item<double>());
       EXPECT_LE(d, kTol) << "step " << s;
       d_steps = std::max(d_steps, d);
@@ -191,7 +195,8 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
     }
     model->eval();
     torch::NoGradGuard no_grad;
-    const double loss = model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor()).loss.item<double>();
+    const double loss =
+        model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor()).loss.item<double>();
     const std::string path =
         testing::TempDir() + "cpp_" + std::to_string(::getpid()) + "_" + name + ".pth";
     save_weights(model, path);
@@ -211,7 +216,8 @@ TEST(ParityEval, EvaluateEqualsReferenceLoss) {
     auto fx = load_fixture(name);
     MiniMindForCausalLM model = build(fx, name);
     torch::Tensor ids = fx.at("input_ids").toTensor();
-    const std::string path = testing::TempDir() + "eval_docs_" + std::to_string(::getpid()) + ".tok";
+    const std::string path =
+        testing::TempDir() + "eval_docs_" + std::to_string(::getpid()) + ".tok";
     {
       TokenFileWriter w(path, static_cast<uint32_t>(model->config().vocab_size), {0, 0});
       for (int64_t r = 0; r < ids.size(0); ++r) {

@@ -74,7 +74,7 @@ TEST(RunLog, RunDirectoriesOfTheFirstFormatStillRead) {
   EXPECT_EQ(r.train[0].lm_loss, 8.721176624298096);
   EXPECT_EQ(r.train[0].lr, 0.002);
   EXPECT_FALSE(r.train[0].allreduce_ms.has_value());  // a one-process run never wrote it
-  ASSERT_EQ(r.eval.size(), 3u);  // steps 0, 3, 6
+  ASSERT_EQ(r.eval.size(), 3u);                       // steps 0, 3, 6
   EXPECT_EQ(r.eval[1].step, 3);
   EXPECT_EQ(r.eval[1].val_loss, 8.193831065407737);
   ASSERT_EQ(r.train_load.size(), 4u);
@@ -97,7 +97,8 @@ TEST(RunLog, MissingOrMistypedFieldsNameFileLineAndField) {
   const size_t at = metrics.find("\"lm_loss\"");
   write_text(dir + "/metrics.jsonl", metrics.substr(0, at) + "\"lm_los\"" + metrics.substr(at + 9));
   std::string msg = read_error(dir);
-  EXPECT_NE(msg.find(dir + "/metrics.jsonl:2: field 'lm_loss' is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(dir + "/metrics.jsonl:2: field 'lm_loss' is missing"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
 
   write_text(dir + "/metrics.jsonl", metrics);
@@ -111,9 +112,11 @@ TEST(RunLog, MissingOrMistypedFieldsNameFileLineAndField) {
       << msg;
 
   write_text(dir + "/expert_load.jsonl", loads);
-  write_text(dir + "/events.jsonl", read_text(dir + "/events.jsonl") + "{\"event\":\"collapse\",\"step\":1.5}\n");
+  write_text(dir + "/events.jsonl",
+             read_text(dir + "/events.jsonl") + "{\"event\":\"collapse\",\"step\":1.5}\n");
   msg = read_error(dir);
-  EXPECT_NE(msg.find("events.jsonl:5: field 'step' should be an integer, found number"), std::string::npos)
+  EXPECT_NE(msg.find("events.jsonl:5: field 'step' should be an integer, found number"),
+            std::string::npos)
       << msg;
 }
 

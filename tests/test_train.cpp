@@ -3,7 +3,6 @@
 // accumulation, checkpoints (atomicity, refusals), exact resume, stop requests, the
 // non-finite guard, golden per-step losses of configs/moe.yaml, and the multi-process set-up.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/ostream_sink.h>
 #include <torch/torch.h>
 
@@ -12,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
 
@@ -47,7 +47,8 @@ TEST(LrSchedule, MiniMindCosineWithWarmup) {
   EXPECT_DOUBLE_EQ(learning_rate_at(0, 100, 1.0, 0), 1.0);
   EXPECT_NEAR(learning_rate_at(50, 100, 1.0, 0), 0.55, 1e-12);
   EXPECT_NEAR(learning_rate_at(100, 100, 1.0, 0), 0.1, 1e-12);
-  EXPECT_NEAR(learning_rate_at(99, 100, 2.0, 0), 2.0 * (0.1 + 0.45 * (1 + std::cos(M_PI * 0.99))), 1e-12);
+  EXPECT_NEAR(learning_rate_at(99, 100, 2.0, 0), 2.0 * (0.1 + 0.45 * (1 + std::cos(M_PI * 0.99))),
+              1e-12);
   // Warm-up: linear to lr over W steps, then the cosine over the remaining T - W.
   EXPECT_DOUBLE_EQ(learning_rate_at(0, 100, 1.0, 10), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate_at(9, 100, 1.0, 10), 1.0);
@@ -65,8 +66,8 @@ TEST(RoutingMetrics, FormulasOnHandMadeCounts) {
   EXPECT_TRUE(b.dead.empty());
 
   RoutingMetrics c = routing_metrics({100, 0, 0, 0});
-  EXPECT_DOUBLE_EQ(c.max_vio, 3.0);               // E - 1
-  EXPECT_NEAR(c.cv, std::sqrt(3.0), 1e-12);       // sqrt(E - 1)
+  EXPECT_DOUBLE_EQ(c.max_vio, 3.0);          // E - 1
+  EXPECT_NEAR(c.cv, std::sqrt(3.0), 1e-12);  // sqrt(E - 1)
   EXPECT_DOUBLE_EQ(c.entropy, 0.0);
   EXPECT_DOUBLE_EQ(c.effective_experts, 1.0);
   EXPECT_DOUBLE_EQ(c.max_share, 1.0);
@@ -101,7 +102,7 @@ TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
     fired.push_back(det.observe(1, w * 10, routing_metrics({0, 25, 950, 25})));
   }
   EXPECT_FALSE(fired[0] || fired[1]);
-  ASSERT_TRUE(fired[2].has_value());  // third consecutive window
+  ASSERT_TRUE(fired[2].has_value());   // third consecutive window
   EXPECT_FALSE(fired[3] || fired[4]);  // once per episode
   const CollapseRecord& ev = *fired[2];
   EXPECT_EQ(ev.layer, 1);
@@ -162,14 +163,14 @@ TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
   const TrainRecord& r = rec.intervals[0].record;
   EXPECT_EQ(r.step, 2);
   EXPECT_EQ(r.tokens, 200);
-  EXPECT_DOUBLE_EQ(r.lm_loss, 3.0);           // (4 + 2) / 2
-  EXPECT_DOUBLE_EQ(r.aux_loss, 0.375);        // (0.5 + 0.25) / 2
+  EXPECT_DOUBLE_EQ(r.lm_loss, 3.0);     // (4 + 2) / 2
+  EXPECT_DOUBLE_EQ(r.aux_loss, 0.375);  // (0.5 + 0.25) / 2
   EXPECT_DOUBLE_EQ(r.loss, 3.375);
   EXPECT_DOUBLE_EQ(r.grad_norm, 2.0);
-  EXPECT_DOUBLE_EQ(r.lr, 2e-3);               // the last step's
-  EXPECT_DOUBLE_EQ(r.elapsed, 14.0);          // the run's seconds at the last step
+  EXPECT_DOUBLE_EQ(r.lr, 2e-3);       // the last step's
+  EXPECT_DOUBLE_EQ(r.elapsed, 14.0);  // the run's seconds at the last step
   EXPECT_GT(r.tok_per_s, 0.0);
-  EXPECT_FALSE(r.allreduce_ms.has_value());   // one process
+  EXPECT_FALSE(r.allreduce_ms.has_value());  // one process
   EXPECT_EQ(rec.intervals[0].counts.layers, (std::vector<std::vector<int64_t>>{{3, 5}}));
   // Step 3 is the last of the run: a short interval of one step.
   window.on_step(step_info(3, 3, c));
@@ -208,23 +209,27 @@ TEST(Console, LogLinesShowIntervalsEvaluationsCollapsesAndTheEnd) {
   console.on_collapse(c);
   console.on_checkpoint({4, "run/checkpoints/step_00000004"});
   TrainResult done;
-  done.step = 4, done.tokens = 400, done.seconds = 2.0, done.first_val_loss = 2.5, done.last_val_loss = 2.5;
+  done.step = 4, done.tokens = 400, done.seconds = 2.0, done.first_val_loss = 2.5,
+  done.last_val_loss = 2.5;
   console.on_end(done);
   const std::string out = text.str();
   for (const char* line :
-       {"info step 1/4 | loss 3.5000 | lm 3.0000 | aux 0.50000 | lr 1.00e-03 | grad 1.000 | 250 tok/s | ETA 6s\n",
+       {"info step 1/4 | loss 3.5000 | lm 3.0000 | aux 0.50000 | lr 1.00e-03 | grad 1.000 | 250 "
+        "tok/s | ETA 6s\n",
         "info   L0  ▂▆  max 0.75 e1  maxvio 0.50  cv 0.50  H 0.81  dead 0\n",
         "info eval step 4: val_loss 2.5000 | ppl 12.18 | 90 tokens of 3 documents in 0.5 s\n",
         "warning routing collapse in layer 0\n", "info checkpoint run/checkpoints/step_00000004\n",
         "info done: 4 steps, 400 tokens in 2s (200 tok/s); val_loss 2.5000 -> 2.5000\n"})
     EXPECT_NE(out.find(line), std::string::npos) << "missing: " << line << "in:\n" << out;
   std::ostringstream stopped_text;
-  spdlog::logger stopped_log("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(stopped_text));
+  spdlog::logger stopped_log("test",
+                             std::make_shared<spdlog::sinks::ostream_sink_mt>(stopped_text));
   ConsoleObserver stopped(stopped_log, false);
   TrainResult r;
   r.step = 7, r.interrupted = true, r.signal = SIGTERM;
   stopped.on_end(r);
-  EXPECT_NE(stopped_text.str().find("stopped at step 7 by signal 15; continue with --resume"), std::string::npos)
+  EXPECT_NE(stopped_text.str().find("stopped at step 7 by signal 15; continue with --resume"),
+            std::string::npos)
       << stopped_text.str();
 }
 
@@ -327,7 +332,8 @@ TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {
   for (const auto& c : rec.checkpoints) saved.push_back(c.step);
   EXPECT_EQ(saved, (std::vector<int64_t>{4, 6, 8}));
   EXPECT_EQ(read_checkpoint_state(rec.checkpoints[1].dir).step, 6);
-  EXPECT_DOUBLE_EQ(read_checkpoint_state(rec.checkpoints[1].dir).elapsed_seconds, 22.0);  // run_seconds
+  EXPECT_DOUBLE_EQ(read_checkpoint_state(rec.checkpoints[1].dir).elapsed_seconds,
+                   22.0);  // run_seconds
   EXPECT_EQ(*latest_checkpoint(dir), rec.checkpoints[2].dir);
 }
 
@@ -340,7 +346,8 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
   Config cfg = load_config_string(
       "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4,\n"
       "        num_key_value_heads: 2, vocab_size: 256, max_position_embeddings: 64}\n"
-      "data: {max_seq_len: 16}\n", "acc");
+      "data: {max_seq_len: 16}\n",
+      "acc");
   validate_and_resolve(cfg);
   torch::manual_seed(3);
   torch::Tensor rows = torch::randint(3, 256, {8, 17}, torch::kLong);  // pack rows, no padding
@@ -371,7 +378,8 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
     auto pb = b->named_parameters();
     double worst = 0;
     for (const auto& p : a->named_parameters()) {
-      torch::Tensor x = grads ? p.value().grad() : p.value(), y = grads ? pb[p.key()].grad() : pb[p.key()];
+      torch::Tensor x = grads ? p.value().grad() : p.value(),
+                    y = grads ? pb[p.key()].grad() : pb[p.key()];
       worst = std::max(worst, (x - y).abs().max().item<double>());
     }
     return worst;
@@ -379,11 +387,14 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
   MiniMindForCausalLM a = run(8, 1, torch::kFloat64, true), b = run(4, 2, torch::kFloat64, true);
   const double params64 = max_diff(a, b, false);
   EXPECT_LE(params64, 1e-6);
-  MiniMindForCausalLM ga = run(8, 1, torch::kFloat32, false), gb = run(4, 2, torch::kFloat32, false);
+  MiniMindForCausalLM ga = run(8, 1, torch::kFloat32, false),
+                      gb = run(4, 2, torch::kFloat32, false);
   const double grads32 = max_diff(ga, gb, true);
   EXPECT_LE(grads32, 1e-6);
-  std::printf("batch 8 x 1 vs 4 x 2: max |param diff| after one AdamW step (fp64) %.3g, "
-              "max |grad diff| (fp32) %.3g\n", params64, grads32);
+  std::printf(
+      "batch 8 x 1 vs 4 x 2: max |param diff| after one AdamW step (fp64) %.3g, "
+      "max |grad diff| (fp32) %.3g\n",
+      params64, grads32);
 }
 
 // A tiny model, its optimizer and a state to checkpoint, in a fresh directory.
@@ -413,9 +424,11 @@ TEST(Checkpoint, CrashWhileWritingLeavesPreviousLoadable) {
     for (auto& p : model->parameters()) p.add_(1.0);
   }
   s.step = 6;
-  EXPECT_THROW(save_checkpoint(dir, model, *opt, s, 3, [](const std::string& file) {
-                 if (file == "optimizer.pt") throw std::runtime_error("simulated crash");
-               }),
+  EXPECT_THROW(save_checkpoint(dir, model, *opt, s, 3,
+                               [](const std::string& file) {
+                                 if (file == "optimizer.pt")
+                                   throw std::runtime_error("simulated crash");
+                               }),
                std::runtime_error);
   auto latest = latest_checkpoint(dir);
   ASSERT_TRUE(latest.has_value());
@@ -437,7 +450,8 @@ TEST(Checkpoint, IncompleteAndWrongVersionAreRefusedWithHint) {
     load_checkpoint(path, model, *opt);
     FAIL();
   } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("incomplete (no optimizer.pt)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("incomplete (no optimizer.pt)"), std::string::npos)
+        << e.what();
   }
   const std::string p2 = save_checkpoint(dir, model, *opt, s, 3);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(p2 + "/state.json"));
@@ -477,14 +491,16 @@ TEST(Checkpoint, KeepsOnlyTheNewest) {
     save_checkpoint(dir, model, *opt, s, 2);
   }
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir + "/checkpoints")) names.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
+    names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"step_00000003", "step_00000004"}));
 }
 
 TEST(Trainer, ShortRunLogsWhatItTrained) {
   const std::string dir = temp_dir("e2e");
-  Config cfg = tiny_config(dir, {"train.max_steps=30", "train.eval_interval=10", "train.checkpoint_interval=10"});
+  Config cfg = tiny_config(
+      dir, {"train.max_steps=30", "train.eval_interval=10", "train.checkpoint_interval=10"});
   TrainOptions options;
   options.out_dir = dir + "/run";
   TrainResult r = train(cfg, options);
@@ -493,7 +509,8 @@ TEST(Trainer, ShortRunLogsWhatItTrained) {
   EXPECT_EQ(r.tokens, 30 * 2 * 4 * 33);  // steps x micro-batches x rows x (max_seq_len + 1)
 
   const std::string run = dir + "/run";
-  for (const char* f : {"config.yaml", "tokenizer.model", "train.log", "metrics.jsonl", "expert_load.jsonl"})
+  for (const char* f :
+       {"config.yaml", "tokenizer.model", "train.log", "metrics.jsonl", "expert_load.jsonl"})
     EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
   EXPECT_EQ(config_to_yaml(load_config_file(run + "/config.yaml")), config_to_yaml(cfg));
   const RunLogs logs = read_run_logs(run);
@@ -555,7 +572,8 @@ TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
   // One thread: bitwise the same sequence of losses.
   EXPECT_EQ(joined, full.step_losses);
   // metrics.jsonl holds each step once, and the per-step load records match the full run's.
-  const RunLogs split_logs = read_run_logs(dir + "/split"), full_logs = read_run_logs(dir + "/full");
+  const RunLogs split_logs = read_run_logs(dir + "/split"),
+                full_logs = read_run_logs(dir + "/full");
   std::vector<int64_t> steps;
   for (const auto& t : split_logs.train) steps.push_back(t.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6, 8}));
@@ -567,12 +585,14 @@ TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
 
   // A different architecture is refused, naming the key.
   Config other = tiny_config(dir, {"model.hidden_size=64"});
-  EXPECT_NE(error_of<CheckpointError>([&] { train(other, resume); }).find("model.hidden_size: 32 -> 64"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<CheckpointError>([&] { train(other, resume); }).find("model.hidden_size: 32 -> 64"),
+      std::string::npos);
   // Starting again over an existing run needs --overwrite.
   TrainOptions again;
   again.out_dir = dir + "/split";
-  EXPECT_NE(error_of<TrainError>([&] { train(cfg, again); }).find("hint: use --resume"), std::string::npos);
+  EXPECT_NE(error_of<TrainError>([&] { train(cfg, again); }).find("hint: use --resume"),
+            std::string::npos);
 }
 
 TEST(Trainer, StopRequestSavesACheckpointAndStops) {
@@ -623,8 +643,8 @@ TEST(Trainer, NonFiniteLossStopsAndKeepsLastGoodCheckpoint) {
 TEST(Trainer, CollapseEventsAreLogged) {
   const std::string dir = temp_dir("collapse");
   // Thresholds so low that any layer counts as collapsed: the event must reach events.jsonl.
-  Config cfg = tiny_config(dir, {"log.interval=1", "log.collapse_max_share=0.0", "log.collapse_patience=2",
-                                 "train.max_steps=3"});
+  Config cfg = tiny_config(dir, {"log.interval=1", "log.collapse_max_share=0.0",
+                                 "log.collapse_patience=2", "train.max_steps=3"});
   TrainOptions low;
   low.out_dir = dir + "/low";
   train(cfg, low);
@@ -678,8 +698,9 @@ TEST(Golden, MoePresetLossesPerStep) {
   }
   ASSERT_EQ(train_rows.size(), 12u);
   Config cfg = load_config(source_path("configs/moe.yaml"),
-                           {"run.threads=1", "train.max_steps=12", "train.warmup_steps=4", "log.interval=1",
-                            "data.train=" + source_path("data/austen.jsonl"), "data.cache_dir=" + dir + "/cache"})
+                           {"run.threads=1", "train.max_steps=12", "train.warmup_steps=4",
+                            "log.interval=1", "data.train=" + source_path("data/austen.jsonl"),
+                            "data.cache_dir=" + dir + "/cache"})
                    .config;
   TrainOptions options;
   options.out_dir = dir + "/run";
@@ -704,7 +725,8 @@ TEST(Golden, MoePresetLossesPerStep) {
   ASSERT_EQ(logs.eval.size(), eval_rows.size());
   for (size_t i = 0; i < eval_rows.size(); ++i) {
     EXPECT_EQ(logs.eval[i].step, eval_rows[i].first);
-    EXPECT_NEAR(logs.eval[i].val_loss, eval_rows[i].second, tol) << "val loss at step " << eval_rows[i].first;
+    EXPECT_NEAR(logs.eval[i].val_loss, eval_rows[i].second, tol)
+        << "val loss at step " << eval_rows[i].first;
   }
 }
 
@@ -723,8 +745,8 @@ class TorchrunEnv {
   }
 
  private:
-  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                           "MASTER_ADDR", "MASTER_PORT"};
+  static constexpr const char* kNames[] = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 };
 
 std::string dist_error(std::map<std::string, std::string> vars) {
@@ -746,8 +768,12 @@ TEST(DistEnv, NoVariablesIsOneProcess) {
 }
 
 TEST(DistEnv, ReadsTorchrunVariables) {
-  TorchrunEnv env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                   {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29511"}});
+  TorchrunEnv env({{"RANK", "3"},
+                   {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "10.0.0.7"},
+                   {"MASTER_PORT", "29511"}});
   minimind::DistEnv d = minimind::dist_env_from_environment();
   EXPECT_EQ(d.rank, 3);
   EXPECT_EQ(d.world_size, 4);
@@ -758,26 +784,34 @@ TEST(DistEnv, ReadsTorchrunVariables) {
 }
 
 TEST(DistEnv, LocalVariablesDefaultToAllRanksOnThisMachine) {
-  TorchrunEnv env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  TorchrunEnv env(
+      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
   minimind::DistEnv d = minimind::dist_env_from_environment();
   EXPECT_EQ(d.local_world_size, 2);
   EXPECT_EQ(d.local_rank, 1);
 }
 
 TEST(DistEnv, MissingOrBadVariablesAreNamed) {
-  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}).find("MASTER_ADDR"),
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}})
+                .find("MASTER_ADDR"),
             std::string::npos);
-  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("MASTER_PORT"),
+  EXPECT_NE(
+      dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("MASTER_PORT"),
+      std::string::npos);
+  EXPECT_NE(dist_error({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
+                .find("RANK is not set"),
             std::string::npos);
-  EXPECT_NE(dist_error({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).find("RANK is not set"),
+  EXPECT_NE(
+      dist_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
+          .find("RANK='2'"),
+      std::string::npos);
+  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "two"}}).find("WORLD_SIZE='two'"),
             std::string::npos);
-  EXPECT_NE(dist_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
-                .find("RANK='2'"),
-            std::string::npos);
-  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "two"}}).find("WORLD_SIZE='two'"), std::string::npos);
-  EXPECT_NE(dist_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
-                .find("MASTER_PORT='70000'"),
-            std::string::npos);
+  EXPECT_NE(
+      dist_error(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+          .find("MASTER_PORT='70000'"),
+      std::string::npos);
 }
 
 TEST(Distributed, WorldOfOneLeavesTensorsAlone) {

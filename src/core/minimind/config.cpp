@@ -19,8 +19,10 @@ int64_t ModelConfig::expert_ffn_size() const {
   return moe_intermediate_size ? *moe_intermediate_size : ffn_size();
 }
 
-#define MM_FIELD(sec, name) \
-  Field { #sec, #name, [](Config& c) -> FieldRef { return &c.sec.name; } }
+#define MM_FIELD(sec, name)                                         \
+  Field {                                                           \
+#sec, #name, [](Config & c) -> FieldRef { return &c.sec.name; } \
+  }
 
 const std::vector<Field>& config_fields() {
   static const std::vector<Field> fields = {
@@ -123,36 +125,34 @@ void validate_model(const Checker& c, ModelConfig& m) {
   c.positive("model.num_key_value_heads", m.num_key_value_heads);
   c.positive("model.max_position_embeddings", m.max_position_embeddings);
   if (m.vocab_size < 3)
-    c.fail("model.vocab_size", "must be >= 3 (ids 0/1/2 are pad/bos/eos), got " +
-                                   std::to_string(m.vocab_size));
+    c.fail("model.vocab_size",
+           "must be >= 3 (ids 0/1/2 are pad/bos/eos), got " + std::to_string(m.vocab_size));
   if (m.hidden_size % m.num_attention_heads != 0)
     c.fail("model.hidden_size", std::to_string(m.hidden_size) +
                                     " is not divisible by model.num_attention_heads (" +
                                     std::to_string(m.num_attention_heads) + ")");
   if (m.num_attention_heads % m.num_key_value_heads != 0)
-    c.fail("model.num_attention_heads",
-           std::to_string(m.num_attention_heads) +
-               " is not divisible by model.num_key_value_heads (" +
-               std::to_string(m.num_key_value_heads) + ")");
+    c.fail("model.num_attention_heads", std::to_string(m.num_attention_heads) +
+                                            " is not divisible by model.num_key_value_heads (" +
+                                            std::to_string(m.num_key_value_heads) + ")");
   if (m.head_dim() % 2 != 0)
-    c.fail("model.hidden_size", "head_dim = hidden_size / num_attention_heads = " +
-                                    std::to_string(m.head_dim()) +
-                                    " must be even for rotary embeddings");
+    c.fail("model.hidden_size",
+           "head_dim = hidden_size / num_attention_heads = " + std::to_string(m.head_dim()) +
+               " must be even for rotary embeddings");
   c.positive_real("model.rope_theta", m.rope_theta);
   c.positive_real("model.rms_norm_eps", m.rms_norm_eps);
   if (m.hidden_act != "silu")
-    c.fail("model.hidden_act", "only \"silu\" is supported (MiniMind's), got \"" +
-                                   m.hidden_act + "\"");
+    c.fail("model.hidden_act",
+           "only \"silu\" is supported (MiniMind's), got \"" + m.hidden_act + "\"");
   c.in_range("model.dropout", m.dropout, 0.0, 1.0, true);
   if (m.intermediate_size) c.positive("model.intermediate_size", *m.intermediate_size);
-  if (m.moe_intermediate_size)
-    c.positive("model.moe_intermediate_size", *m.moe_intermediate_size);
+  if (m.moe_intermediate_size) c.positive("model.moe_intermediate_size", *m.moe_intermediate_size);
   c.positive("model.num_experts", m.num_experts);
   c.positive("model.num_experts_per_tok", m.num_experts_per_tok);
   if (m.num_experts_per_tok > m.num_experts)
-    c.fail("model.num_experts_per_tok",
-           std::to_string(m.num_experts_per_tok) + " is more than model.num_experts (" +
-               std::to_string(m.num_experts) + ")");
+    c.fail("model.num_experts_per_tok", std::to_string(m.num_experts_per_tok) +
+                                            " is more than model.num_experts (" +
+                                            std::to_string(m.num_experts) + ")");
   if (!(std::isfinite(m.router_aux_loss_coef) && m.router_aux_loss_coef >= 0))
     c.fail("model.router_aux_loss_coef", "must be a finite number >= 0");
 
@@ -176,8 +176,9 @@ void validate_data(const Checker& c, const Config& cfg) {
     c.fail("data.mode", "must be \"pack\" or \"pad\", got \"" + d.mode + "\"");
   // pack rows hold max_seq_len + 1 tokens (max_seq_len predictions).
   if (d.mode == "pack" && d.max_seq_len + 1 > cfg.model.max_position_embeddings)
-    c.fail("data.max_seq_len", "pack mode needs max_seq_len + 1 <= model.max_position_embeddings (" +
-                                   std::to_string(cfg.model.max_position_embeddings) + ")");
+    c.fail("data.max_seq_len",
+           "pack mode needs max_seq_len + 1 <= model.max_position_embeddings (" +
+               std::to_string(cfg.model.max_position_embeddings) + ")");
   if (d.cache_dir.empty()) c.fail("data.cache_dir", "must name a directory");
 }
 
@@ -204,8 +205,10 @@ void validate_train(const Checker& c, const TrainConfig& t) {
 
 void validate_run(const Checker& c, const RunConfig& r) {
   if (r.name.empty() || r.name.find_first_of("/\\ \t\n") != std::string::npos)
-    c.fail("run.name", "must be a non-empty name without slashes or spaces (it names "
-                       "the run directory), got \"" + r.name + "\"");
+    c.fail("run.name",
+           "must be a non-empty name without slashes or spaces (it names "
+           "the run directory), got \"" +
+               r.name + "\"");
   c.non_negative("run.seed", r.seed);
   c.non_negative("run.threads", r.threads);
   c.positive("run.dist_timeout", r.dist_timeout);

@@ -54,13 +54,13 @@ int64_t default_intermediate_size(int64_t hidden_size);
 
 struct DataConfig {
   std::string train = "data/austen.jsonl";
-  std::string val;             // empty: hold out val_fraction of train's records
+  std::string val;  // empty: hold out val_fraction of train's records
   double val_fraction = 0.02;
-  std::string tokenizer;       // empty: train a sentencepiece model from `train`
-  int64_t max_seq_len = 340;   // MiniMind's pretraining default
-  std::string mode = "pack";   // pack | pad
+  std::string tokenizer;            // empty: train a sentencepiece model from `train`
+  int64_t max_seq_len = 340;        // MiniMind's pretraining default
+  std::string mode = "pack";        // pack | pad
   std::string cache_dir = "cache";  // prepared tokenizers and token files
-  bool strict = false;         // bad corpus lines are errors instead of skipped records
+  bool strict = false;              // bad corpus lines are errors instead of skipped records
 };
 
 // Defaults are MiniMind's train_pretrain.py (AdamW with torch defaults, clip 1.0).
@@ -103,8 +103,7 @@ struct Config {
 };
 
 // ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
-using FieldRef =
-    std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
 
 struct Field {
   const char* section;

@@ -40,12 +40,12 @@ std::string where(const std::string& source, const YAML::Node& node) {
 
 [[noreturn]] void type_error(const std::string& key, const std::string& origin,
                              const std::string& expected, const YAML::Node& node) {
-  std::string got = node.IsScalar() ? "\"" + node.Scalar() + "\""
+  std::string got = node.IsScalar()     ? "\"" + node.Scalar() + "\""
                     : node.IsSequence() ? "a list"
                     : node.IsMap()      ? "a mapping"
                                         : "nothing";
-  throw ConfigError("config error: " + key + " (" + origin + "): expected " + expected +
-                    ", got " + got);
+  throw ConfigError("config error: " + key + " (" + origin + "): expected " + expected + ", got " +
+                    got);
 }
 
 bool parse_int(const std::string& s, int64_t& out) {
@@ -107,15 +107,14 @@ void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) 
     const std::string name = sec.first.as<std::string>();
     if (!is_section(name))
       throw ConfigError("config error: unknown section '" + name + "' (" +
-                        where(source, sec.first) +
-                        "); sections are run, model, data, train, log");
+                        where(source, sec.first) + "); sections are run, model, data, train, log");
     if (seen_sections[name]++)
       throw ConfigError("config error: section '" + name + "' appears twice (" +
                         where(source, sec.first) + ")");
     if (sec.second.IsNull()) continue;
     if (!sec.second.IsMap())
-      throw ConfigError("config error: section '" + name + "' (" +
-                        where(source, sec.second) + ") must be a mapping of keys");
+      throw ConfigError("config error: section '" + name + "' (" + where(source, sec.second) +
+                        ") must be a mapping of keys");
     std::map<std::string, int> seen_keys;
     for (const auto& kv : sec.second) {
       const std::string key = kv.first.as<std::string>();
@@ -162,7 +161,8 @@ void apply_override(Config& cfg, const std::string& assignment) {
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
-    throw ConfigError("config error: " + origin + ": expected section.key=value, e.g. "
+    throw ConfigError("config error: " + origin +
+                      ": expected section.key=value, e.g. "
                       "--set train.max_steps=100");
   const std::string section = assignment.substr(0, dot);
   const std::string key = assignment.substr(dot + 1, eq - dot - 1);
@@ -170,8 +170,8 @@ void apply_override(Config& cfg, const std::string& assignment) {
   if (!field) {
     std::string hint = is_section(section) ? "keys of '" + section + "' are: " + keys_of(section)
                                            : "sections are run, model, data, train, log";
-    throw ConfigError("config error: unknown key '" + section + "." + key + "' (" + origin +
-                      "); " + hint);
+    throw ConfigError("config error: unknown key '" + section + "." + key + "' (" + origin + "); " +
+                      hint);
   }
   // Parse the value as YAML so `null`, quoted strings and numbers behave as in a file;
   // a string key whose text is not a single YAML scalar (a path with ": ") takes it raw.
@@ -191,7 +191,8 @@ namespace {
 std::string value_text(Config& cfg, const Field& f) {
   FieldRef ref = f.bind(cfg);
   if (auto* p = std::get_if<int64_t*>(&ref)) return std::to_string(**p);
-  if (auto* p = std::get_if<std::optional<int64_t>*>(&ref)) return **p ? std::to_string(***p) : "null";
+  if (auto* p = std::get_if<std::optional<int64_t>*>(&ref))
+    return **p ? std::to_string(***p) : "null";
   if (auto* p = std::get_if<double*>(&ref)) return fmt::format("{}", **p);
   if (auto* p = std::get_if<bool*>(&ref)) return **p ? "true" : "false";
   return "\"" + **std::get_if<std::string*>(&ref) + "\"";
@@ -227,7 +228,10 @@ std::string config_to_yaml(const Config& cfg_in) {
     if (auto* p = std::get_if<int64_t*>(&ref)) {
       out << **p;
     } else if (auto* p = std::get_if<std::optional<int64_t>*>(&ref)) {
-      if (**p) out << ***p; else out << YAML::Null;
+      if (**p)
+        out << ***p;
+      else
+        out << YAML::Null;
     } else if (auto* p = std::get_if<double*>(&ref)) {
       // Shortest text that reads back to the same double; always with a '.' or 'e'.
       std::string s = fmt::format("{}", **p);

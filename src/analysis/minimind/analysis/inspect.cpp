@@ -53,8 +53,8 @@ std::string inspect_text(const RunLogs& logs, size_t width) {
     out += fmt::format("\n  {}   (last 10 steps)\n", load_row(layer, now));
     out += fmt::format("      maxvio    {:<{}} {:.2f} -> {:.2f}\n", sparkline(maxvio, width), width,
                        maxvio.front(), maxvio.back());
-    out += fmt::format("      entropy   {:<{}} {:.2f} -> {:.2f}\n", sparkline(entropy, width), width,
-                       entropy.front(), entropy.back());
+    out += fmt::format("      entropy   {:<{}} {:.2f} -> {:.2f}\n", sparkline(entropy, width),
+                       width, entropy.front(), entropy.back());
     out += fmt::format("      max share {:<{}} {:.2f} -> {:.2f}\n", sparkline(share, width), width,
                        share.front(), share.back());
     auto ev = logs.eval_load.find(layer);

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 
-#include "minimind/util/atomic_file.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+
+#include "minimind/util/atomic_file.h"
 
 namespace minimind {
 namespace {
@@ -23,16 +23,23 @@ const char* kLayerColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
   }
   return o;
 }
 
-std::string num(double v) { return fmt::format("{:.3g}", v); }
+std::string num(double v) {
+  return fmt::format("{:.3g}", v);
+}
 
 // A line chart with axes, min/max labels, a legend and dashed red lines at event steps.
 std::string line_chart(const std::string& title, const std::vector<Series>& series,
@@ -58,23 +65,31 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>",
       W, H, L, esc(title), L, T, W - L - R, H - T - B);
   auto ylabel = [&](double v) { return log_y ? num(std::pow(10, v)) : num(v); };
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4, T + 10, ylabel(y_max));
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4, H - B, ylabel(y_min));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4,
+                     T + 10, ylabel(y_max));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4,
+                     H - B, ylabel(y_min));
   svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\">0</text>", L, H - B + 14);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step {}</text>", W - R, H - B + 14, num(x_max));
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step {}</text>",
+                     W - R, H - B + 14, num(x_max));
   for (int64_t e : events)
-    svg += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"event\"/>", px(e), T, H - B);
+    svg +=
+        fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"event\"/>",
+                    px(e), T, H - B);
   double lx = L + 6;
   for (const auto& s : series) {
     std::string pts;
     for (const auto& [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>", pts, s.color);
+    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>",
+                       pts, s.color);
     if (s.points.size() <= 12)  // few points (evaluations): show them
       for (const auto& [x, y] : s.points)
-        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", px(x), py(y), s.color);
-    svg += fmt::format("<rect x=\"{:.0f}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{}\"/>"
-                       "<text x=\"{:.0f}\" y=\"{}\" class=\"legend\">{}</text>",
-                       lx, H - 10, s.color, lx + 13, H - 6, esc(s.name));
+        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", px(x),
+                           py(y), s.color);
+    svg += fmt::format(
+        "<rect x=\"{:.0f}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{}\"/>"
+        "<text x=\"{:.0f}\" y=\"{}\" class=\"legend\">{}</text>",
+        lx, H - 10, s.color, lx + 13, H - 6, esc(s.name));
     lx += 20 + 7.0 * s.name.size();
   }
   return svg + "</svg>";
@@ -83,7 +98,9 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
 // Diverging colour for share x E: 0 (dead) blue, 1 (fair) white, >= 2 red.
 std::string share_color(double rel) {
   rel = std::clamp(rel, 0.0, 2.0);
-  auto mix = [](double a, double b, double t) { return static_cast<int>(std::lround(a + (b - a) * t)); };
+  auto mix = [](double a, double b, double t) {
+    return static_cast<int>(std::lround(a + (b - a) * t));
+  };
   if (rel < 1) {
     const double t = rel;
     return fmt::format("rgb({},{},{})", mix(33, 247, t), mix(102, 247, t), mix(172, 247, t));
@@ -96,48 +113,60 @@ std::string share_color(double rel) {
 std::string heatmap(int64_t layer, const std::vector<LoadRecord>& points,
                     const std::vector<int64_t>& events, double x_max) {
   const size_t E = points.empty() ? 0 : points[0].counts.size();
-  const double W = 560, L = 56, R = 12, T = 28, cell_h = std::max(10.0, 120.0 / std::max<size_t>(E, 1));
+  const double W = 560, L = 56, R = 12, T = 28,
+               cell_h = std::max(10.0, 120.0 / std::max<size_t>(E, 1));
   const double H = T + cell_h * E + 22;
   const size_t cols = std::min<size_t>(240, points.size());
   const double cw = (W - L - R) / std::max<size_t>(cols, 1);
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{:.0f}\" class=\"heatmap\" "
       "data-layer=\"{}\"><text x=\"{}\" y=\"18\" class=\"title\">Layer {}: expert share over steps "
-      "(share × E)</text>", W, H, layer, L, layer);
+      "(share × E)</text>",
+      W, H, layer, L, layer);
   for (size_t c = 0; c < cols; ++c) {
     const size_t lo = c * points.size() / cols, hi = (c + 1) * points.size() / cols;
     std::vector<double> sum(E, 0.0);
     double total = 0;
     for (size_t i = lo; i < hi; ++i)
-      for (size_t e = 0; e < E && e < points[i].counts.size(); ++e) sum[e] += points[i].counts[e], total += points[i].counts[e];
+      for (size_t e = 0; e < E && e < points[i].counts.size(); ++e)
+        sum[e] += points[i].counts[e], total += points[i].counts[e];
     for (size_t e = 0; e < E; ++e) {
       const double rel = total > 0 ? sum[e] / total * E : 0;
-      svg += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\">"
-                         "<title>expert {} steps {}-{}: share {:.3f}</title></rect>",
-                         L + c * cw, T + e * cell_h, cw + 0.3, cell_h, share_color(rel), e,
-                         points[lo].step, points[hi - 1].step, rel / E);
+      svg += fmt::format(
+          "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\">"
+          "<title>expert {} steps {}-{}: share {:.3f}</title></rect>",
+          L + c * cw, T + e * cell_h, cw + 0.3, cell_h, share_color(rel), e, points[lo].step,
+          points[hi - 1].step, rel / E);
     }
   }
   for (size_t e = 0; e < E; ++e)
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">e{}</text>", L - 4,
-                       T + (e + 0.7) * cell_h, e);
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">e{}</text>",
+                       L - 4, T + (e + 0.7) * cell_h, e);
   for (int64_t ev : events) {
     const double x = L + (W - L - R) * ev / std::max(x_max, 1.0);
-    svg += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2:.1f}\" class=\"event\"/>", x, T - 4, T + cell_h * E + 4);
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2:.1f}\" class=\"event\"/>", x, T - 4,
+        T + cell_h * E + 4);
   }
-  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\">step {}</text>", L, H - 6, points.empty() ? 0 : points.front().step);
-  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\" text-anchor=\"end\">step {}</text>", W - R, H - 6,
-                     points.empty() ? 0 : points.back().step);
+  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\">step {}</text>", L, H - 6,
+                     points.empty() ? 0 : points.front().step);
+  svg +=
+      fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\" text-anchor=\"end\">step {}</text>",
+                  W - R, H - 6, points.empty() ? 0 : points.back().step);
   return svg + "</svg>";
 }
 
 std::string legend() {
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"40\" class=\"legendbar\">";
+  std::string svg =
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"40\" class=\"legendbar\">";
   for (int i = 0; i < 100; ++i)
-    svg += fmt::format("<rect x=\"{}\" y=\"4\" width=\"4.6\" height=\"14\" fill=\"{}\"/>", 56 + i * 4.5, share_color(i / 50.0));
-  svg += "<text x=\"56\" y=\"32\" class=\"tick\">0: dead</text>"
-         "<text x=\"281\" y=\"32\" class=\"tick\" text-anchor=\"middle\">1: fair share (1/E)</text>"
-         "<text x=\"506\" y=\"32\" class=\"tick\" text-anchor=\"end\">≥ 2: twice its share</text></svg>";
+    svg += fmt::format("<rect x=\"{}\" y=\"4\" width=\"4.6\" height=\"14\" fill=\"{}\"/>",
+                       56 + i * 4.5, share_color(i / 50.0));
+  svg +=
+      "<text x=\"56\" y=\"32\" class=\"tick\">0: dead</text>"
+      "<text x=\"281\" y=\"32\" class=\"tick\" text-anchor=\"middle\">1: fair share (1/E)</text>"
+      "<text x=\"506\" y=\"32\" class=\"tick\" text-anchor=\"end\">≥ 2: twice its "
+      "share</text></svg>";
   return svg;
 }
 
@@ -150,21 +179,27 @@ std::string render_report(const RunLogs& logs) {
 
   std::string html =
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
-      "<title>minimind-cpp report: " + esc(logs.run_dir) + "</title><style>"
+      "<title>minimind-cpp report: " +
+      esc(logs.run_dir) +
+      "</title><style>"
       "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
       "h1{font-size:20px}h2{font-size:16px;margin:18px 0 6px}"
       ".grid{display:flex;flex-wrap:wrap;gap:8px}"
-      ".title{font-size:13px;font-weight:bold}.tick{font-size:10px;fill:#555}.legend{font-size:10px}"
+      ".title{font-size:13px;font-weight:bold}.tick{font-size:10px;fill:#555}.legend{font-size:"
+      "10px}"
       ".frame{fill:none;stroke:#bbb}.event{stroke:#d00;stroke-width:1.2;stroke-dasharray:4,3}"
       "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
       "</style></head><body>\n";
-  html += "<h1>minimind-cpp run " + esc(logs.run_dir) + " — step " + std::to_string(logs.last_step()) + "</h1>\n";
+  html += "<h1>minimind-cpp run " + esc(logs.run_dir) + " — step " +
+          std::to_string(logs.last_step()) + "</h1>\n";
 
   Series loss{"train loss", "#1f77b4", {}}, val{"val loss", "#d62728", {}}, lr{"lr", "#2ca02c", {}};
-  for (const auto& p : logs.train) loss.points.emplace_back(p.step, p.loss), lr.points.emplace_back(p.step, p.lr);
+  for (const auto& p : logs.train)
+    loss.points.emplace_back(p.step, p.loss), lr.points.emplace_back(p.step, p.lr);
   for (const auto& p : logs.eval) val.points.emplace_back(p.step, p.val_loss);
   html += "<h2>Loss and learning rate</h2><div class=\"grid\">" +
-          line_chart("Loss (train: interval mean; val: held-out split)", {loss, val}, all_events, x_max) +
+          line_chart("Loss (train: interval mean; val: held-out split)", {loss, val}, all_events,
+                     x_max) +
           line_chart("Learning rate", {lr}, {}, x_max) + "</div>\n";
 
   if (logs.train_load.empty()) {
@@ -187,16 +222,19 @@ std::string render_report(const RunLogs& logs) {
       for (size_t i = 0; i < points.size(); i += stride) {
         double m = 0, h = 0;
         const size_t hi = std::min(points.size(), i + stride);
-        for (size_t j = i; j < hi; ++j) m += points[j].max_vio / (hi - i), h += points[j].entropy / (hi - i);
+        for (size_t j = i; j < hi; ++j)
+          m += points[j].max_vio / (hi - i), h += points[j].entropy / (hi - i);
         mv.points.emplace_back(points[hi - 1].step, m);
         en.points.emplace_back(points[hi - 1].step, h);
       }
       maxvio.push_back(mv);
       entropy.push_back(en);
     }
-    html += line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, x_max) +
-            line_chart("Normalised entropy per layer (1 = balanced, 0 = collapsed)", entropy, all_events, x_max) +
-            "</div>\n";
+    html +=
+        line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, x_max) +
+        line_chart("Normalised entropy per layer (1 = balanced, 0 = collapsed)", entropy,
+                   all_events, x_max) +
+        "</div>\n";
   }
   html += "<h2>Collapse events</h2>";
   if (logs.collapses.empty()) {
@@ -204,7 +242,8 @@ std::string render_report(const RunLogs& logs) {
   } else {
     html += "<table><tr><th>step</th><th>layer</th><th>warning</th></tr>";
     for (const auto& c : logs.collapses)
-      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", c.step, c.layer, esc(c.message));
+      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", c.step, c.layer,
+                          esc(c.message));
     html += "</table>";
   }
   return html + "\n</body></html>\n";

@@ -15,15 +15,16 @@ BatchSampler::BatchSampler(const TokenFile& tokens, std::string mode, int64_t ba
       world_size_(world_size) {
   if (mode_ == "pack") {
     if (tokens_.num_tokens() < static_cast<uint64_t>(max_seq_len_ + 1))
-      throw DataError("corpus '" + tokens_.path() + "' is too small for one batch: " +
-                      std::to_string(tokens_.num_tokens()) + " tokens, a row needs " +
-                      std::to_string(max_seq_len_ + 1) + " (data.max_seq_len + 1); use more "
+      throw DataError("corpus '" + tokens_.path() +
+                      "' is too small for one batch: " + std::to_string(tokens_.num_tokens()) +
+                      " tokens, a row needs " + std::to_string(max_seq_len_ + 1) +
+                      " (data.max_seq_len + 1); use more "
                       "text or a smaller data.max_seq_len");
   } else if (mode_ == "pad") {
     if (tokens_.num_docs() < static_cast<uint64_t>(batch_size_))
-      throw DataError("corpus '" + tokens_.path() + "' is too small for one batch: " +
-                      std::to_string(tokens_.num_docs()) + " documents, train.batch_size is " +
-                      std::to_string(batch_size_));
+      throw DataError("corpus '" + tokens_.path() +
+                      "' is too small for one batch: " + std::to_string(tokens_.num_docs()) +
+                      " documents, train.batch_size is " + std::to_string(batch_size_));
   } else {
     throw DataError("unknown data.mode '" + mode_ + "'");
   }
@@ -62,7 +63,8 @@ const std::vector<uint32_t>& BatchSampler::epoch_order(int64_t epoch) const {
   return orders_.emplace(epoch, std::move(order)).first->second;
 }
 
-int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* ids, int64_t* labels) {
+int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* ids,
+                     int64_t* labels) {
   const uint64_t body = tokens.doc_length(doc) - 2;
   const int64_t keep = static_cast<int64_t>(std::min<uint64_t>(body, static_cast<uint64_t>(L - 2)));
   std::fill(ids, ids + L, kPadId);
@@ -82,7 +84,8 @@ Batch BatchSampler::pad_batch(int64_t global_batch) const {
   for (int64_t r = 0; r < batch_size_; ++r) {
     const uint64_t row = static_cast<uint64_t>(global_batch * batch_size_ + r);
     const uint64_t doc = epoch_order(static_cast<int64_t>(row / D))[row % D];
-    fill_pad_row(tokens_, doc, L, ids.data_ptr<int64_t>() + r * L, labels.data_ptr<int64_t>() + r * L);
+    fill_pad_row(tokens_, doc, L, ids.data_ptr<int64_t>() + r * L,
+                 labels.data_ptr<int64_t>() + r * L);
   }
   return {ids, labels};
 }

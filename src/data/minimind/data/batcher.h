@@ -21,7 +21,8 @@ struct Batch {
 // MiniMind's PretrainDataset row for document `doc` (stored as [bos] body [eos]):
 // bos + body[:L - 2] + eos, right-padded with 0 to L; labels = ids, -100 on padding.
 // ids and labels point to L int64 each. Returns the row's unpadded length.
-int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* ids, int64_t* labels);
+int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* ids,
+                     int64_t* labels);
 
 class BatchSampler {
  public:

@@ -1,9 +1,9 @@
 #include "minimind/data/jsonl.h"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace minimind {
 
@@ -13,11 +13,21 @@ bool is_valid_utf8(std::string_view s) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     size_t n;
     uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + n >= s.size()) return false;  // truncated sequence
     for (size_t k = 1; k <= n; ++k) {
       const unsigned char cc = static_cast<unsigned char>(s[i + k]);
@@ -60,7 +70,8 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
     ++stats.skipped_by_reason[reason];
     if (warned < options.max_warnings) {
       log.warn("{}:{}: {}; record skipped", path, line, reason);
-      if (++warned == options.max_warnings) log.warn("{}: further bad records are only counted", path);
+      if (++warned == options.max_warnings)
+        log.warn("{}: further bad records are only counted", path);
     }
   };
 
@@ -95,8 +106,8 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
     on_record(s, n);
   }
   if (stats.records == 0)
-    throw DataError("corpus '" + path + "' has no usable records (" +
-                    std::to_string(stats.lines) + " lines); expected one {\"text\": \"...\"} "
+    throw DataError("corpus '" + path + "' has no usable records (" + std::to_string(stats.lines) +
+                    " lines); expected one {\"text\": \"...\"} "
                     "object per line");
   return stats;
 }

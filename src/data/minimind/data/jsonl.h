@@ -22,8 +22,8 @@ struct CorpusStats {
 };
 
 struct CorpusOptions {
-  bool strict = false;     // a bad line is an error instead of a warning + skip
-  int max_warnings = 20;   // warnings printed before the rest are only counted
+  bool strict = false;    // a bad line is an error instead of a warning + skip
+  int max_warnings = 20;  // warnings printed before the rest are only counted
 };
 
 // Calls on_record(text, line_number) for each usable record, in file order. Bad lines

@@ -58,8 +58,8 @@ struct Records {
 
 Records load_records(const std::string& path, bool strict, spdlog::logger& log) {
   Records r;
-  r.stats = read_corpus(path, {strict, 20},
-                        [&](std::string_view text, int64_t) { r.texts.emplace_back(text); }, log);
+  r.stats = read_corpus(
+      path, {strict, 20}, [&](std::string_view text, int64_t) { r.texts.emplace_back(text); }, log);
   log.info("{}", r.stats.summary(path));
   return r;
 }
@@ -74,7 +74,7 @@ class Progress {
     since_last_.restart();
     const double rate = done / std::max(1e-9, since_start_.seconds());
     log_.info("{}: {}/{} records ({:.0f} records/s, ETA {:.0f} s)", label_, done, total_, rate,
-                 (total_ - done) / std::max(rate, 1e-9));
+              (total_ - done) / std::max(rate, 1e-9));
   }
   double elapsed() const { return since_start_.seconds(); }
 
@@ -113,9 +113,8 @@ uint64_t write_tokens(const Tokenizer& tok, const std::vector<const std::string*
   }
   writer.finish();
   const double secs = progress.elapsed();
-  log.info("tokenised {}: {} records, {} tokens in {:.2f} s ({:.2f} MB/s, {:.0f} tokens/s)",
-               label, texts.size(), writer.num_tokens(), secs, bytes / 1e6 / secs,
-               writer.num_tokens() / secs);
+  log.info("tokenised {}: {} records, {} tokens in {:.2f} s ({:.2f} MB/s, {:.0f} tokens/s)", label,
+           texts.size(), writer.num_tokens(), secs, bytes / 1e6 / secs, writer.num_tokens() / secs);
   return writer.num_tokens();
 }
 
@@ -167,16 +166,17 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     model_bytes = read_file(data.tokenizer, "tokenizer model");
     out.tokenizer_cached = true;
   } else {
-    const SourceKey key = content_key({"tokenizer", std::to_string(kTokenizerRecipe),
-                                       std::to_string(vocab_size), split, corpus});
+    const SourceKey key = content_key(
+        {"tokenizer", std::to_string(kTokenizerRecipe), std::to_string(vocab_size), split, corpus});
     out.tokenizer_path = (fs::path(data.cache_dir) / "tokenizers" / (hex(key) + ".model")).string();
     if (fs::exists(out.tokenizer_path)) {
       model_bytes = read_file(out.tokenizer_path, "tokenizer model");
       out.tokenizer_cached = true;
     } else {
       Records& r = train_split();
-      std::vector<bool> held_out = data.val.empty() ? validation_mask(r.texts.size(), data.val_fraction)
-                                                    : std::vector<bool>(r.texts.size(), false);
+      std::vector<bool> held_out = data.val.empty()
+                                       ? validation_mask(r.texts.size(), data.val_fraction)
+                                       : std::vector<bool>(r.texts.size(), false);
       std::vector<std::string_view> texts;
       for (size_t i = 0; i < r.texts.size(); ++i)
         if (!held_out[i]) texts.push_back(r.texts[i]);
@@ -191,9 +191,9 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   tok.check_vocab_size(vocab_size);
 
   // 2. Token files, keyed on corpus, split and tokenizer content.
-  const SourceKey key = content_key({"tokens", std::to_string(kTokenFileVersion),
-                                     std::to_string(kTokenizerRecipe), split, corpus, val_corpus,
-                                     model_bytes});
+  const SourceKey key =
+      content_key({"tokens", std::to_string(kTokenFileVersion), std::to_string(kTokenizerRecipe),
+                   split, corpus, val_corpus, model_bytes});
   const fs::path dir = fs::path(data.cache_dir) / "tokens" / hex(key);
   out.train_path = (dir / "train.tok").string();
   const bool has_val = !data.val.empty() || data.val_fraction > 0;
@@ -206,7 +206,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     std::vector<const std::string*> train_texts, val_texts;
     if (data.val.empty()) {
       std::vector<bool> held_out = validation_mask(r.texts.size(), data.val_fraction);
-      for (size_t i = 0; i < r.texts.size(); ++i) (held_out[i] ? val_texts : train_texts).push_back(&r.texts[i]);
+      for (size_t i = 0; i < r.texts.size(); ++i)
+        (held_out[i] ? val_texts : train_texts).push_back(&r.texts[i]);
     } else {
       for (const auto& t : r.texts) train_texts.push_back(&t);
       val_records = load_records(data.val, data.strict, log);
@@ -224,8 +225,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     out.val_docs = val.num_docs();
   }
   log.info("data ready in {:.2f} s{}: train {} tokens ({} docs), val {} tokens ({} docs)",
-               total.seconds(), out.tokens_cached && out.tokenizer_cached ? " (cached)" : "",
-               out.train_tokens, out.train_docs, out.val_tokens, out.val_docs);
+           total.seconds(), out.tokens_cached && out.tokenizer_cached ? " (cached)" : "",
+           out.train_tokens, out.train_docs, out.val_tokens, out.val_docs);
   return out;
 }
 

@@ -11,9 +11,9 @@
 namespace minimind {
 
 struct PreparedData {
-  std::string tokenizer_path;  // the sentencepiece .model used
-  std::string train_path;      // token files
-  std::string val_path;        // "" when there is no validation split
+  std::string tokenizer_path;     // the sentencepiece .model used
+  std::string train_path;         // token files
+  std::string val_path;           // "" when there is no validation split
   bool tokenizer_cached = false;  // nothing was trained
   bool tokens_cached = false;     // nothing was tokenised
   uint64_t train_tokens = 0, val_tokens = 0;

@@ -42,8 +42,8 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 extern "C" {
 
 int mm_spm_train(const char* const* sentences, const size_t* sentence_lens, size_t n,
-                 const char* const* keys, const char* const* values, size_t n_options,
-                 char** model, size_t* model_len, char* err, size_t err_len) {
+                 const char* const* keys, const char* const* values, size_t n_options, char** model,
+                 size_t* model_len, char* err, size_t err_len) {
   std::unordered_map<std::string, std::string> kwargs;
   for (size_t i = 0; i < n_options; ++i) kwargs[keys[i]] = values[i];
   VectorIterator it(sentences, sentence_lens, n);
@@ -67,7 +67,9 @@ int mm_spm_load(const char* model, size_t model_len, void** handle, char* err, s
   return 0;
 }
 
-void mm_spm_unload(void* handle) { delete static_cast<sentencepiece::SentencePieceProcessor*>(handle); }
+void mm_spm_unload(void* handle) {
+  delete static_cast<sentencepiece::SentencePieceProcessor*>(handle);
+}
 
 int32_t mm_spm_vocab_size(const void* handle) {
   return static_cast<const sentencepiece::SentencePieceProcessor*>(handle)->GetPieceSize();
@@ -101,5 +103,7 @@ int mm_spm_decode(const void* handle, const int32_t* ids, size_t n_ids, char** t
   return 0;
 }
 
-void mm_spm_free(void* buffer) { std::free(buffer); }
+void mm_spm_free(void* buffer) {
+  std::free(buffer);
+}
 }

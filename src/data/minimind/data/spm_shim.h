@@ -19,8 +19,8 @@ extern "C" {
 // key/value pairs (values are passed verbatim, so "\n" can be a user-defined symbol).
 // On success *model points to the serialised model proto of *model_len bytes.
 int mm_spm_train(const char* const* sentences, const size_t* sentence_lens, size_t n,
-                 const char* const* keys, const char* const* values, size_t n_options,
-                 char** model, size_t* model_len, char* err, size_t err_len);
+                 const char* const* keys, const char* const* values, size_t n_options, char** model,
+                 size_t* model_len, char* err, size_t err_len);
 
 // Loads a serialised model; *handle is freed with mm_spm_unload.
 int mm_spm_load(const char* model, size_t model_len, void** handle, char* err, size_t err_len);

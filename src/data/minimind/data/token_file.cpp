@@ -26,7 +26,9 @@ struct Header {
 };
 static_assert(sizeof(Header) == 64, "token file header must be 64 bytes");
 
-uint64_t align8(uint64_t n) { return (n + 7) / 8 * 8; }
+uint64_t align8(uint64_t n) {
+  return (n + 7) / 8 * 8;
+}
 
 }  // namespace
 
@@ -89,13 +91,14 @@ void TokenFileWriter::finish() {
 TokenFile TokenFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw DataError("cannot open token file '" + path + "'");
-  struct stat st{};
+  struct stat st {};
   fstat(fd, &st);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   const std::string hint = "; delete it and run again to re-prepare the data";
   if (size < sizeof(Header)) {
     ::close(fd);
-    throw DataError("token file '" + path + "' is truncated (" + std::to_string(size) + " bytes)" + hint);
+    throw DataError("token file '" + path + "' is truncated (" + std::to_string(size) + " bytes)" +
+                    hint);
   }
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -125,7 +128,8 @@ TokenFile TokenFile::open(const std::string& path) {
   f.num_docs_ = h.num_docs;
   f.key_ = {h.source_key[0], h.source_key[1]};
   f.tokens_ = static_cast<const unsigned char*>(map) + sizeof(Header);
-  f.doc_starts_ = reinterpret_cast<const uint64_t*>(static_cast<const unsigned char*>(map) + docs_offset);
+  f.doc_starts_ =
+      reinterpret_cast<const uint64_t*>(static_cast<const unsigned char*>(map) + docs_offset);
   // Document table must be monotonic and cover all tokens.
   bool ok = f.doc_starts_[0] == 0 && f.doc_starts_[h.num_docs] == h.num_tokens;
   for (uint64_t d = 0; ok && d < h.num_docs; ++d) ok = f.doc_starts_[d] < f.doc_starts_[d + 1];
@@ -143,7 +147,9 @@ TokenFile::~TokenFile() {
   if (map_) munmap(map_, map_size_);
 }
 
-TokenFile::TokenFile(TokenFile&& o) noexcept { *this = std::move(o); }
+TokenFile::TokenFile(TokenFile&& o) noexcept {
+  *this = std::move(o);
+}
 
 TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {

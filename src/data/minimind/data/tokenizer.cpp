@@ -120,10 +120,14 @@ std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},
       // MiniMind's ids: 0 pad <|endoftext|>, 1 bos <|im_start|>, 2 eos <|im_end|>.
-      {"pad_id", "0"}, {"pad_piece", "<|endoftext|>"},
-      {"bos_id", "1"}, {"bos_piece", "<|im_start|>"},
-      {"eos_id", "2"}, {"eos_piece", "<|im_end|>"},
-      {"unk_id", "3"}, {"unk_piece", "<unk>"},
+      {"pad_id", "0"},
+      {"pad_piece", "<|endoftext|>"},
+      {"bos_id", "1"},
+      {"bos_piece", "<|im_start|>"},
+      {"eos_id", "2"},
+      {"eos_piece", "<|im_end|>"},
+      {"unk_id", "3"},
+      {"unk_piece", "<unk>"},
       // Any UTF-8 text round-trips: characters outside the vocabulary become bytes.
       {"byte_fallback", "true"},
       // Newline is one piece of its own (like MiniMind's byte-level BPE keeps "\n"); no
@@ -196,8 +200,12 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-std::string Tokenizer::piece(int32_t id) const { return spm().id_to_piece(handle_->spm, id); }
+std::string Tokenizer::piece(int32_t id) const {
+  return spm().id_to_piece(handle_->spm, id);
+}
 
-int32_t Tokenizer::vocab_size() const { return spm().vocab_size(handle_->spm); }
+int32_t Tokenizer::vocab_size() const {
+  return spm().vocab_size(handle_->spm);
+}
 
 }  // namespace minimind

@@ -11,12 +11,12 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+
 #include "minimind/util/stopwatch.h"
 
 namespace minimind {
 
 namespace {
-
 
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
@@ -25,8 +25,11 @@ const char* env_or_null(const char* name) {
 
 int env_int(const char* name, int lo, int hi) {
   const char* v = env_or_null(name);
-  if (!v) throw DistError(fmt::format("{} is not set; a multi-process run needs RANK, WORLD_SIZE, "
-                                      "MASTER_ADDR and MASTER_PORT (as torchrun sets them)", name));
+  if (!v)
+    throw DistError(
+        fmt::format("{} is not set; a multi-process run needs RANK, WORLD_SIZE, "
+                    "MASTER_ADDR and MASTER_PORT (as torchrun sets them)",
+                    name));
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   if (*end != '\0' || x < lo || x > hi)
@@ -43,7 +46,8 @@ bool is_loopback(const std::string& addr) {
 std::shared_ptr<gloo::transport::Device> gloo_device(const DistEnv& env) {
   if (const char* ifname = env_or_null("GLOO_SOCKET_IFNAME"))
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (is_loopback(env.master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -61,8 +65,9 @@ DistEnv dist_env_from_environment() {
   env.rank = env_int("RANK", 0, env.world_size - 1);
   // torchrun always sets the LOCAL_ pair; other launchers may not: then assume every rank
   // shares this machine (the safe choice for the threads-per-rank default).
-  env.local_world_size = env_or_null("LOCAL_WORLD_SIZE") ? env_int("LOCAL_WORLD_SIZE", 1, env.world_size)
-                                                         : env.world_size;
+  env.local_world_size = env_or_null("LOCAL_WORLD_SIZE")
+                             ? env_int("LOCAL_WORLD_SIZE", 1, env.world_size)
+                             : env.world_size;
   env.local_rank = env_or_null("LOCAL_RANK") ? env_int("LOCAL_RANK", 0, env.local_world_size - 1)
                                              : env.rank % env.local_world_size;
   if (env.world_size > 1) {
@@ -91,19 +96,22 @@ Distributed::Distributed(const DistEnv& env, std::chrono::milliseconds timeout)
     if (torch::cuda::is_available()) {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
-      group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group_->store, env.rank, env.world_size, o);
+      group_->pg =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(group_->store, env.rank, env.world_size, o);
       return;
     }
 #endif
     auto o = c10d::ProcessGroupGloo::Options::create(timeout);
     o->devices.push_back(gloo_device(env));
     o->threads = 2;
-    group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env.rank, env.world_size, o);
+    group_->pg =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env.rank, env.world_size, o);
   } catch (const std::exception& e) {
     throw DistError(fmt::format(
         "rank {} of {} could not join the job at {}:{} within {} s (is every rank started, and "
-        "the port free?): {}", env.rank, env.world_size, env.master_addr, env.master_port,
-        timeout.count() / 1000.0, e.what()));
+        "the port free?): {}",
+        env.rank, env.world_size, env.master_addr, env.master_port, timeout.count() / 1000.0,
+        e.what()));
   }
 }
 
@@ -140,8 +148,8 @@ void Distributed::all_reduce_sum(std::vector<int64_t>& values) {
 
 void Distributed::all_reduce_sum(std::vector<double>& values) {
   if (!group_ || values.empty()) return;
-  torch::Tensor t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())},
-                                     torch::kFloat64);
+  torch::Tensor t =
+      torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat64);
   all_reduce_sum(t);
 }
 
@@ -154,7 +162,8 @@ void Distributed::all_reduce_max(torch::Tensor& t) {
   });
 }
 
-void Distributed::average_gradients(const std::vector<torch::Tensor>& params, int64_t bucket_bytes) {
+void Distributed::average_gradients(const std::vector<torch::Tensor>& params,
+                                    int64_t bucket_bytes) {
   if (!group_) return;
   torch::NoGradGuard no_grad;
   // Consecutive parameters of one dtype share a bucket until it holds bucket_bytes.
@@ -168,7 +177,8 @@ void Distributed::average_gradients(const std::vector<torch::Tensor>& params, in
     std::vector<torch::Tensor> grads;
     for (size_t i = first; i < last; ++i) {
       if (!params[i].grad().defined())
-        throw DistError("average_gradients: a parameter has no gradient (fill_missing_gradients first)");
+        throw DistError(
+            "average_gradients: a parameter has no gradient (fill_missing_gradients first)");
       grads.push_back(params[i].grad().reshape({-1}));
     }
     torch::Tensor flat = torch::cat(grads);  // [sum of numel]

@@ -52,8 +52,7 @@ class Distributed {
   void all_reduce_sum(std::vector<double>& values);
   // Gradients of `params` (all defined: fill_missing_gradients first) replaced by their
   // mean over ranks, moved in flat buffers of at most bucket_bytes each.
-  void average_gradients(const std::vector<torch::Tensor>& params,
-                         int64_t bucket_bytes = 64 << 20);
+  void average_gradients(const std::vector<torch::Tensor>& params, int64_t bucket_bytes = 64 << 20);
   // Every rank gets rank 0's values (parameters at start-up).
   void broadcast_from_main(const std::vector<torch::Tensor>& tensors);
   void barrier();

@@ -31,7 +31,8 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
     m.weights = (fs::path(ckpt) / "model.pth").string();
   } else {
     if (config_path.empty())
-      throw ConfigError("config error: '" + path + "' is a bare weights file; pass --config FILE.yaml "
+      throw ConfigError("config error: '" + path +
+                        "' is a bare weights file; pass --config FILE.yaml "
                         "describing its model");
     m.config = load_config_file(config_path);
     m.weights = path;
@@ -46,7 +47,8 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   if (tok.empty()) tok = m.config.data.tokenizer;
   if (tok.empty()) {
     if (need_tokenizer)
-      throw TokenizerError("no tokenizer: pass --tokenizer FILE.model (or set data.tokenizer in the config)");
+      throw TokenizerError(
+          "no tokenizer: pass --tokenizer FILE.model (or set data.tokenizer in the config)");
     return m;
   }
   m.tokenizer = Tokenizer::from_file(tok);
@@ -54,8 +56,8 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   return m;
 }
 
-TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok, const std::string& tmp_dir,
-                          int64_t max_docs) {
+TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
+                          const std::string& tmp_dir, int64_t max_docs) {
   fs::create_directories(tmp_dir);
   const std::string path = (fs::path(tmp_dir) / "eval.tok").string();
   {

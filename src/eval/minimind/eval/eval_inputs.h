@@ -16,9 +16,9 @@ struct EvalModel {
   Config config;
   MiniMindForCausalLM model{nullptr};
   std::optional<Tokenizer> tokenizer;
-  std::string run_dir;   // "" for a bare .pth
-  std::string weights;   // the .pth loaded
-  int64_t step = 0;      // the checkpoint's optimizer steps (0 for a bare .pth)
+  std::string run_dir;  // "" for a bare .pth
+  std::string weights;  // the .pth loaded
+  int64_t step = 0;     // the checkpoint's optimizer steps (0 for a bare .pth)
 };
 
 // path: checkpoints/step_X/ (config from its state.json), a run directory (its newest
@@ -30,7 +30,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
 
 // Tokenises a JSONL corpus into a temporary token file (documents [bos] + ids + [eos]).
 // max_docs < 0: all records.
-TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok, const std::string& tmp_dir,
-                          int64_t max_docs);
+TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
+                          const std::string& tmp_dir, int64_t max_docs);
 
 }  // namespace minimind

@@ -15,10 +15,11 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   const ModelConfig& m = model->config();
   EvalResult r;
   // Sized from the config, so that a rank that gets no batch still sums with the others.
-  r.expert_counts = ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0,
-                                        static_cast<size_t>(m.num_experts));
-  const int64_t n = max_docs < 0 ? static_cast<int64_t>(docs.num_docs())
-                                 : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
+  r.expert_counts =
+      ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts));
+  const int64_t n = max_docs < 0
+                        ? static_cast<int64_t>(docs.num_docs())
+                        : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
   double loss_sum = 0;
   for (int64_t first = rank * batch_size; first < n; first += world * batch_size) {
     const int64_t B = std::min(batch_size, n - first);

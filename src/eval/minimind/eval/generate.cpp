@@ -23,14 +23,16 @@ torch::Tensor filter_logits(torch::Tensor logits, const std::vector<int64_t>& se
     torch::Tensor cum = torch::cumsum(torch::softmax(sorted, -1), -1);
     torch::Tensor remove = cum > o.top_p;
     // Keep the token that crosses top_p: shift the mask right by one, never drop the best.
-    remove = torch::cat({torch::zeros({1}, remove.options()), remove.narrow(0, 0, remove.size(0) - 1)});
+    remove =
+        torch::cat({torch::zeros({1}, remove.options()), remove.narrow(0, 0, remove.size(0) - 1)});
     logits = logits.masked_fill(torch::zeros_like(remove).scatter(0, order, remove), neg_inf);
   }
   return logits;
 }
 
 std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int64_t>& prompt_ids,
-                              const GenerateOptions& o, const std::function<void(int64_t)>& on_token) {
+                              const GenerateOptions& o,
+                              const std::function<void(int64_t)>& on_token) {
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;
@@ -39,13 +41,14 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
 
   std::vector<int64_t> seq = prompt_ids, out;
   KVCache cache;
-  for (int64_t i = 0; i < o.max_new_tokens && static_cast<int64_t>(seq.size()) < max_positions; ++i) {
+  for (int64_t i = 0; i < o.max_new_tokens && static_cast<int64_t>(seq.size()) < max_positions;
+       ++i) {
     // With the cache only the tokens it has not seen are fed; positions continue after it.
     const int64_t past = o.use_cache && !cache.empty() ? cache[0].length() : 0;
     std::vector<int64_t> feed(seq.begin() + past, seq.end());
-    torch::Tensor ids = torch::tensor(feed, torch::kLong).unsqueeze(0);        // [1, T]
+    torch::Tensor ids = torch::tensor(feed, torch::kLong).unsqueeze(0);  // [1, T]
     ForwardOutput f = model->forward(ids, torch::Tensor(), o.use_cache ? &cache : nullptr);
-    torch::Tensor logits = f.logits[0][-1].to(torch::kFloat32);                  // [V]
+    torch::Tensor logits = f.logits[0][-1].to(torch::kFloat32);  // [V]
     int64_t next;
     if (o.greedy) {
       next = logits.argmax().item<int64_t>();

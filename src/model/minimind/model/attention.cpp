@@ -27,7 +27,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   const int64_t past = cache ? cache->length() : 0;
   const int64_t rep = heads_ / kv_heads_;  // query heads per kv head
 
-  torch::Tensor q = q_norm(q_proj(x).view({B, T, heads_, head_dim_}));    // [B, T, h, d]
+  torch::Tensor q = q_norm(q_proj(x).view({B, T, heads_, head_dim_}));     // [B, T, h, d]
   torch::Tensor k = k_norm(k_proj(x).view({B, T, kv_heads_, head_dim_}));  // [B, T, kv, d]
   torch::Tensor v = v_proj(x).view({B, T, kv_heads_, head_dim_});          // [B, T, kv, d]
 
@@ -47,14 +47,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   // GQA without materialising repeated k/v: query head j uses kv head j / rep, so the
   // rep query heads of one kv head are stacked along the row axis of one matmul.
   torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
-  torch::Tensor kt = k.permute({0, 2, 3, 1});                     // [B, kv, d, S]
+  torch::Tensor kt = k.permute({0, 2, 3, 1});  // [B, kv, d, S]
   torch::Tensor scores = torch::matmul(qg, kt) / std::sqrt(static_cast<double>(head_dim_));
-  scores = scores.view({B, kv_heads_, rep, T, S});                // [B, kv, rep, T, S]
+  scores = scores.view({B, kv_heads_, rep, T, S});  // [B, kv, rep, T, S]
 
   // Causal mask: query i (absolute position past + i) sees keys 0..past + i.
-  torch::Tensor mask = torch::full({T, S}, -std::numeric_limits<float>::infinity(),
-                                   scores.options())
-                           .triu(past + 1);
+  torch::Tensor mask =
+      torch::full({T, S}, -std::numeric_limits<float>::infinity(), scores.options()).triu(past + 1);
   scores = scores + mask;
   // Softmax in float32 as MiniMind (float64 models stay in float64).
   const auto softmax_type = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
@@ -62,7 +61,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   probs = torch::dropout(probs, dropout_, is_training());
 
   torch::Tensor out = torch::matmul(probs.view({B, kv_heads_, rep * T, S}),
-                                    v.transpose(1, 2));           // [B, kv, rep*T, d]
+                                    v.transpose(1, 2));  // [B, kv, rep*T, d]
   out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
   return torch::dropout(o_proj(out), dropout_, is_training());  // [B, T, H]
 }

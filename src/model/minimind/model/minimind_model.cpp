@@ -28,8 +28,8 @@ BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTable
 }
 
 MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
-  embed_tokens = register_module("embed_tokens",
-                                 torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
+  embed_tokens =
+      register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     blocks.emplace_back(cfg);
@@ -67,7 +67,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     if (!is_real.all().item<bool>()) real = is_real;
   }
   torch::Tensor h = torch::dropout(model->embed_tokens(input_ids), model->dropout,
-                                   is_training());                    // [B, T, H]
+                                   is_training());  // [B, T, H]
   for (size_t i = 0; i < model->blocks.size(); ++i) {
     BlockOutput b = model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real);
     h = b.hidden;
@@ -78,7 +78,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     }
   }
   h = model->norm(h);
-  out.logits = torch::linear(h, lm_head_weight());                   // [B, T, V]
+  out.logits = torch::linear(h, lm_head_weight());  // [B, T, V]
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, out.logits.options());
 
   if (labels.defined()) {

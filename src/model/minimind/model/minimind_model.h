@@ -31,7 +31,7 @@ class MiniMindBlockImpl : public torch::nn::Module {
 
   Attention self_attn{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  FeedForward dense_mlp{nullptr};  // registered as "mlp" when !use_moe
+  FeedForward dense_mlp{nullptr};   // registered as "mlp" when !use_moe
   MOEFeedForward moe_mlp{nullptr};  // registered as "mlp" when use_moe
 };
 TORCH_MODULE(MiniMindBlock);
@@ -53,10 +53,10 @@ TORCH_MODULE(MiniMindModel);
 using KVCache = std::vector<LayerKVCache>;
 
 struct ForwardOutput {
-  torch::Tensor logits;    // [B, T, V]
-  torch::Tensor loss;      // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
+  torch::Tensor logits;  // [B, T, V]
+  torch::Tensor loss;    // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
   torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
-  std::vector<torch::Tensor> layer_aux;      // per MoE layer: [] its aux loss (detached)
+  std::vector<torch::Tensor> layer_aux;  // per MoE layer: [] its aux loss (detached)
   // per MoE layer: [E] int64 assignments per expert over the non-padding tokens (id != 0)
   std::vector<torch::Tensor> expert_counts;
 };

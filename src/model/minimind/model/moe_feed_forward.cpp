@@ -19,19 +19,19 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const ModelConfig& cfg)
 
 MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real) {
   const int64_t H = x.size(-1);
-  torch::Tensor x_flat = x.reshape({-1, H});                      // [N, H]
-  torch::Tensor scores = torch::softmax(gate(x_flat), -1);        // [N, E]
+  torch::Tensor x_flat = x.reshape({-1, H});                // [N, H]
+  torch::Tensor scores = torch::softmax(gate(x_flat), -1);  // [N, E]
   auto [weight, index] = torch::topk(scores, top_k_, -1, /*largest=*/true, /*sorted=*/false);
   if (norm_topk_prob_) weight = weight / (weight.sum(-1, /*keepdim=*/true) + 1e-20);  // [N, k]
 
   // Sorted dispatch: order the N*k (token, slot) assignments by expert so each expert
   // runs once on one contiguous slice; a stable sort keeps tokens ascending inside a
   // slice, so each expert sees its rows in the same order as MiniMind's masked loop.
-  torch::Tensor flat_index = index.reshape({-1});                            // [N*k]
-  torch::Tensor counts = torch::bincount(flat_index, {}, num_experts_);      // [E]
+  torch::Tensor flat_index = index.reshape({-1});                        // [N*k]
+  torch::Tensor counts = torch::bincount(flat_index, {}, num_experts_);  // [E]
   torch::Tensor order = std::get<1>(torch::sort(flat_index, /*stable=*/true, 0, false));
-  torch::Tensor token = torch::div(order, top_k_, "floor");                  // [N*k]
-  torch::Tensor xs = x_flat.index_select(0, token);                          // [N*k, H]
+  torch::Tensor token = torch::div(order, top_k_, "floor");  // [N*k]
+  torch::Tensor xs = x_flat.index_select(0, token);          // [N*k, H]
 
   std::vector<torch::Tensor> outs;
   torch::Tensor unused_params;  // sum of the parameters of experts no token picked
@@ -46,7 +46,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
       }
     }
   }
-  torch::Tensor ys = torch::cat(outs, 0);                                    // [N*k, H]
+  torch::Tensor ys = torch::cat(outs, 0);  // [N*k, H]
   ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
   torch::Tensor y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
   // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
@@ -62,7 +62,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
     aux = torch::zeros({}, scores.options());
   }
   if (real.defined()) {  // load statistics over real tokens only
-    torch::Tensor keep = real.unsqueeze(1).expand_as(index).reshape({-1});      // [N*k]
+    torch::Tensor keep = real.unsqueeze(1).expand_as(index).reshape({-1});  // [N*k]
     counts = torch::bincount(flat_index.masked_select(keep), {}, num_experts_);
   }
   return {y.view(x.sizes()), aux, counts};

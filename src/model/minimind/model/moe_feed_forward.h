@@ -25,7 +25,7 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // computed like any token (as MiniMind does) but left out of `counts`; undefined = all real.
   MoEOutput forward(const torch::Tensor& x, const torch::Tensor& real = {});
 
-  torch::nn::Linear gate{nullptr};     // router, H -> E, no bias
+  torch::nn::Linear gate{nullptr};  // router, H -> E, no bias
   torch::nn::ModuleList experts{nullptr};
 
  private:

@@ -7,8 +7,8 @@ RotaryTables make_rotary_tables(int64_t head_dim, int64_t max_positions, double 
   torch::Tensor exponents =
       torch::arange(0, head_dim, 2, torch::kLong).slice(0, 0, head_dim / 2).to(torch::kFloat32) /
       static_cast<double>(head_dim);
-  torch::Tensor freqs = 1.0 / torch::pow(theta, exponents);           // [d/2]
-  torch::Tensor pos = torch::arange(max_positions, torch::kLong);      // [P]
+  torch::Tensor freqs = 1.0 / torch::pow(theta, exponents);             // [d/2]
+  torch::Tensor pos = torch::arange(max_positions, torch::kLong);       // [P]
   torch::Tensor angles = torch::outer(pos, freqs).to(torch::kFloat32);  // [P, d/2]
   return {torch::cat({torch::cos(angles), torch::cos(angles)}, -1),
           torch::cat({torch::sin(angles), torch::sin(angles)}, -1)};

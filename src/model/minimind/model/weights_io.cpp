@@ -1,12 +1,12 @@
 #include "minimind/model/weights_io.h"
 
-#include "minimind/util/atomic_file.h"
-
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <sstream>
+
+#include "minimind/util/atomic_file.h"
 
 namespace minimind {
 
@@ -35,8 +35,10 @@ c10::IValue read_pickle(const std::string& path) {
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    throw WeightsError("'" + path + "' is not a file written by torch.save (corrupt or "
-                       "truncated?): " + what);
+    throw WeightsError("'" + path +
+                       "' is not a file written by torch.save (corrupt or "
+                       "truncated?): " +
+                       what);
   }
 }
 

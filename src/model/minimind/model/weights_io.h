@@ -8,9 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "minimind/model/minimind_model.h"
-
 #include "minimind/error.h"
+#include "minimind/model/minimind_model.h"
 
 namespace minimind {
 

@@ -1,15 +1,14 @@
 #include "minimind/run/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <unistd.h>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "minimind/model/weights_io.h"
 #include "minimind/util/atomic_file.h"
@@ -76,15 +75,16 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
   if (!dist.is_main() && resume) {
     run.checkpoint = latest_checkpoint(path);
     if (!run.checkpoint)
-      throw TrainError("--resume: rank " + std::to_string(dist.rank()) + " sees no checkpoint in '" +
-                           path + "'",
-                       "the run directory must be shared with rank 0");
+      throw TrainError(
+          "--resume: rank " + std::to_string(dist.rank()) + " sees no checkpoint in '" + path + "'",
+          "the run directory must be shared with rank 0");
   }
   return run;
 }
 
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
-                            torch::optim::Optimizer& optimizer, const TrainState& state, int64_t keep,
+                            torch::optim::Optimizer& optimizer, const TrainState& state,
+                            int64_t keep,
                             const std::function<void(const std::string&)>& after_file) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / step_name(state.step);

@@ -11,9 +11,8 @@
 #include <string>
 
 #include "minimind/dist/distributed.h"
-#include "minimind/model/minimind_model.h"
-
 #include "minimind/error.h"
+#include "minimind/model/minimind_model.h"
 
 namespace minimind {
 
@@ -21,15 +20,15 @@ constexpr int kCheckpointVersion = 1;
 
 // What besides weights and optimizer a run needs to continue exactly.
 struct TrainState {
-  int64_t step = 0;             // optimizer steps done
-  int64_t tokens = 0;           // training tokens seen
+  int64_t step = 0;    // optimizer steps done
+  int64_t tokens = 0;  // training tokens seen
   // Rows of the global data stream drawn so far (all ranks), so a run can resume under
   // another rank count or batch size. Checkpoints written before this field existed hold
   // a one-process batch count instead: then loader_rows is -1 and loader_batches is set.
   int64_t loader_rows = 0;
   int64_t loader_batches = -1;
-  double elapsed_seconds = 0;   // training time so far
-  std::string config_yaml;      // the resolved config of the run
+  double elapsed_seconds = 0;  // training time so far
+  std::string config_yaml;     // the resolved config of the run
 };
 
 // A training run's directory, ready for the run: made fresh, emptied (overwrite) or found
@@ -46,7 +45,8 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
 // `after_file` (tests) is called after each file is written, to simulate a crash.
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
-                            torch::optim::Optimizer& optimizer, const TrainState& state, int64_t keep,
+                            torch::optim::Optimizer& optimizer, const TrainState& state,
+                            int64_t keep,
                             const std::function<void(const std::string&)>& after_file = {});
 
 // The newest complete checkpoint directory under run_dir, if any.

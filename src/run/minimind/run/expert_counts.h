@@ -26,7 +26,9 @@ struct ExpertCounts {
   void add(const std::vector<at::Tensor>& per_layer);  // one forward: [E] int64 per layer
   void add(const ExpertCounts& other);
   bool empty() const { return layers.empty(); }
-  friend bool operator==(const ExpertCounts& a, const ExpertCounts& b) { return a.layers == b.layers; }
+  friend bool operator==(const ExpertCounts& a, const ExpertCounts& b) {
+    return a.layers == b.layers;
+  }
 };
 
 // Sums `counts` and `totals` (tokens, documents, ...) over the ranks in one all-reduce; every

@@ -52,8 +52,9 @@ std::string load_row(int64_t layer, const RoutingMetrics& m) {
     // share * E / 2 maps the balanced share 1/E to half height, 2/E and more to full.
     hist += bar_glyph(std::lround(m.share[e] * E / 2.0 * 8.0) - 1);
   }
-  return fmt::format("L{:<2} {}  max {:.2f} e{}  maxvio {:.2f}  cv {:.2f}  H {:.2f}  dead {}", layer,
-                     hist, m.max_share, m.max_expert, m.max_vio, m.cv, m.entropy, m.dead.size());
+  return fmt::format("L{:<2} {}  max {:.2f} e{}  maxvio {:.2f}  cv {:.2f}  H {:.2f}  dead {}",
+                     layer, hist, m.max_share, m.max_expert, m.max_vio, m.cv, m.entropy,
+                     m.dead.size());
 }
 
 }  // namespace minimind

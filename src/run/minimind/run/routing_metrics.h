@@ -9,16 +9,16 @@
 namespace minimind {
 
 struct RoutingMetrics {
-  std::vector<int64_t> counts;  // c_e: (token, slot) assignments per expert; sum = kT
-  std::vector<double> share;    // q_e = c_e / kT
-  double max_vio = 0;           // (max c - mean c) / mean c           ideal 0, collapsed E-1
-  double cv = 0;                // population std(c) / mean(c)         ideal 0, collapsed sqrt(E-1)
-  double entropy = 0;           // H / ln E, H = -sum q ln q            ideal 1, collapsed 0
-  double effective_experts = 0; // exp(H)                              ideal E, collapsed 1
-  double max_share = 0;         // max q                               ideal 1/E
-  int64_t max_expert = 0;       // argmax q
-  std::vector<int64_t> dead;    // experts with c_e = 0
-  int64_t total = 0;            // kT
+  std::vector<int64_t> counts;   // c_e: (token, slot) assignments per expert; sum = kT
+  std::vector<double> share;     // q_e = c_e / kT
+  double max_vio = 0;            // (max c - mean c) / mean c           ideal 0, collapsed E-1
+  double cv = 0;                 // population std(c) / mean(c)         ideal 0, collapsed sqrt(E-1)
+  double entropy = 0;            // H / ln E, H = -sum q ln q            ideal 1, collapsed 0
+  double effective_experts = 0;  // exp(H)                              ideal E, collapsed 1
+  double max_share = 0;          // max q                               ideal 1/E
+  int64_t max_expert = 0;        // argmax q
+  std::vector<int64_t> dead;     // experts with c_e = 0
+  int64_t total = 0;             // kT
 };
 
 RoutingMetrics routing_metrics(const std::vector<int64_t>& counts);

@@ -69,7 +69,8 @@ struct FieldReader {
   void operator()(const char* key, Tag tag) const {
     const json& v = at(key);
     if (!v.is_string() || v.get<std::string>() != tag.value)
-      throw DataError(fmt::format("field '{}' is {} where \"{}\" was expected", key, v.dump(), tag.value));
+      throw DataError(
+          fmt::format("field '{}' is {} where \"{}\" was expected", key, v.dump(), tag.value));
   }
   template <class T>
   void operator()(const char* key, std::optional<T>& out) const {
@@ -97,7 +98,8 @@ json write_record(const R& r) {
 
 template <class R>
 void read_record(const json& j, R& r) {
-  if (!j.is_object()) throw DataError(fmt::format("expected a JSON object, found {}", j.type_name()));
+  if (!j.is_object())
+    throw DataError(fmt::format("expected a JSON object, found {}", j.type_name()));
   R::fields(r, FieldReader{j});
 }
 
@@ -132,15 +134,15 @@ void for_each_line(const std::string& path, F f) {
 
 }  // namespace
 
-#define MINIMIND_RECORD_JSON(Record)                                                    \
-  void to_json(json& j, const Record& r) { j = write_record(r); }                       \
-  void from_json(const json& j, Record& r) { read_record(j, r); }
-MINIMIND_RECORD_JSON(TrainRecord)
-MINIMIND_RECORD_JSON(EvalRecord)
-MINIMIND_RECORD_JSON(LoadRecord)
-MINIMIND_RECORD_JSON(CollapseRecord)
-MINIMIND_RECORD_JSON(EvalSummary)
-#undef MINIMIND_RECORD_JSON
+#define MINIMIND_DEFINE_JSON(Record)         \
+  void to_json(json& j, const Record& r) {   \
+    j = write_record(r);                     \
+  }                                          \
+  void from_json(const json& j, Record& r) { \
+    read_record(j, r);                       \
+  }
+MINIMIND_RUN_LOG_RECORDS(MINIMIND_DEFINE_JSON)
+#undef MINIMIND_DEFINE_JSON
 
 LoadRecord LoadRecord::make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
                             std::optional<double> aux_unscaled) {

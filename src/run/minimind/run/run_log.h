@@ -15,11 +15,10 @@
 // read as unset when null or missing, so run directories written before them still read.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,8 +35,8 @@ struct Tag {
 
 // metrics.jsonl, split "train": means over the steps of one log interval.
 struct TrainRecord {
-  int64_t step = 0;    // the interval's last optimizer step
-  int64_t tokens = 0;  // training tokens seen so far (all ranks)
+  int64_t step = 0;                            // the interval's last optimizer step
+  int64_t tokens = 0;                          // training tokens seen so far (all ranks)
   double loss = 0, lm_loss = 0, aux_loss = 0;  // loss = lm_loss + aux_loss (summed aux)
   double lr = 0;                               // at the last step
   double grad_norm = 0;                        // before clipping
@@ -71,17 +70,17 @@ struct EvalRecord {
 // expert_load.jsonl: one MoE layer's load, with every metric of docs/moe-routing.md.
 struct LoadRecord {
   int64_t step = 0, layer = 0;
-  std::string split;             // "train": one optimizer step; "eval": one evaluation
-  std::vector<int64_t> counts;   // c_e
-  std::vector<double> share;     // c_e / sum c
+  std::string split;            // "train": one optimizer step; "eval": one evaluation
+  std::vector<int64_t> counts;  // c_e
+  std::vector<double> share;    // c_e / sum c
   double max_vio = 0, cv = 0, entropy = 0, effective_experts = 0, max_share = 0;
   int64_t max_expert = 0;
-  int64_t dead = 0;                   // number of experts with no token
-  std::vector<int64_t> dead_experts;  // which
+  int64_t dead = 0;                    // number of experts with no token
+  std::vector<int64_t> dead_experts;   // which
   std::optional<double> aux_unscaled;  // the layer's aux loss / coef (training, coef > 0)
 
-  static LoadRecord make(int64_t step, int64_t layer, std::string split,
-                         const RoutingMetrics& m, std::optional<double> aux_unscaled = {});
+  static LoadRecord make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
+                         std::optional<double> aux_unscaled = {});
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
@@ -129,17 +128,17 @@ struct EvalSummary {
   }
 };
 
+// Every record type, for code that does the same for each (X is a macro taking the type).
+#define MINIMIND_RUN_LOG_RECORDS(X) \
+  X(TrainRecord) X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(EvalSummary)
+
 // JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
 // throws DataError naming the field.
-#define MINIMIND_RECORD_JSON(Record)                    \
-  void to_json(nlohmann::json& j, const Record& r);     \
+#define MINIMIND_DECLARE_JSON(Record)               \
+  void to_json(nlohmann::json& j, const Record& r); \
   void from_json(const nlohmann::json& j, Record& r);
-MINIMIND_RECORD_JSON(TrainRecord)
-MINIMIND_RECORD_JSON(EvalRecord)
-MINIMIND_RECORD_JSON(LoadRecord)
-MINIMIND_RECORD_JSON(CollapseRecord)
-MINIMIND_RECORD_JSON(EvalSummary)
-#undef MINIMIND_RECORD_JSON
+MINIMIND_RUN_LOG_RECORDS(MINIMIND_DECLARE_JSON)
+#undef MINIMIND_DECLARE_JSON
 
 // Appends records to a run directory's three logs, one line each, flushed.
 class RunLogWriter {

@@ -16,8 +16,12 @@ class Checkpointer : public Observer {
   // state: the loop's TrainState (read at each save; its elapsed time is the run's).
   Checkpointer(MiniMindForCausalLM model, torch::optim::Optimizer& optimizer,
                const TrainState& state, std::string run_dir, const TrainConfig& cfg, Observer& out)
-      : model_(std::move(model)), optimizer_(optimizer), state_(state),
-        run_dir_(std::move(run_dir)), cfg_(cfg), out_(out) {}
+      : model_(std::move(model)),
+        optimizer_(optimizer),
+        state_(state),
+        run_dir_(std::move(run_dir)),
+        cfg_(cfg),
+        out_(out) {}
   void on_step_end(const StepInfo& s, bool last) override;
 
  private:

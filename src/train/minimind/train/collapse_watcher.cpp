@@ -28,8 +28,7 @@ std::optional<CollapseRecord> CollapseDetector::observe(int64_t layer, int64_t s
       "routing collapse in layer {} since step {}: expert {} takes {:.1f}% of the tokens "
       "(threshold {:.0f}%), {} dead expert{}{}{} for {} log intervals",
       layer, s.since, m.max_expert, 100 * m.max_share, 100 * t_.max_share, m.dead.size(),
-      m.dead.size() == 1 ? "" : "s", m.dead.empty() ? "" : ": ", fmt::join(m.dead, ", "),
-      s.streak);
+      m.dead.size() == 1 ? "" : "s", m.dead.empty() ? "" : ": ", fmt::join(m.dead, ", "), s.streak);
   return ev;
 }
 

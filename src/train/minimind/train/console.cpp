@@ -21,7 +21,9 @@ std::string format_duration(double s) {
 ConsoleObserver::ConsoleObserver(spdlog::logger& log, bool live)
     : log_(log), live_(live && isatty(STDOUT_FILENO)) {}
 
-ConsoleObserver::~ConsoleObserver() { clear_status(); }
+ConsoleObserver::~ConsoleObserver() {
+  clear_status();
+}
 
 void ConsoleObserver::clear_status() {
   if (!status_shown_) return;
@@ -50,14 +52,12 @@ void ConsoleObserver::on_step(const StepInfo& s) {
 void ConsoleObserver::on_interval(const IntervalInfo& i) {
   clear_status();
   const TrainRecord& r = i.record;
-  log_.info("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
-            "{:.0f} tok/s | ETA {}",
-            r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, r.lr, r.grad_norm, r.tok_per_s,
-            format_duration(eta_));
-  for (size_t l = 0; l < i.counts.layers.size(); ++l)
-    log_.info("  {}", load_row(static_cast<int64_t>(l), routing_metrics(i.counts.layers[l])));
-  tokens_ = 0;
-  clock_.restart();
+  log_.info(
+      "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
+      "{:.0f} tok/s | ETA {}",
+      r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, r.lr, r.grad_norm, r.tok_per_s,
+      format_duration(eta_));
+  log_load_rows("", i.counts);
 }
 
 void ConsoleObserver::on_eval(const EvalInfo& e) {
@@ -66,8 +66,14 @@ void ConsoleObserver::on_eval(const EvalInfo& e) {
   const EvalRecord& r = e.record;
   log_.info("eval step {}: val_loss {:.4f} | ppl {:.2f} | {} tokens of {} documents in {:.1f} s",
             r.step, r.val_loss, r.val_ppl, r.val_tokens, e.documents, e.seconds);
-  for (size_t l = 0; l < e.counts.layers.size(); ++l)
-    log_.info("  eval {}", load_row(static_cast<int64_t>(l), routing_metrics(e.counts.layers[l])));
+  log_load_rows("eval ", e.counts);
+}
+
+void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& counts) {
+  for (size_t l = 0; l < counts.layers.size(); ++l)
+    log_.info("  {}{}", prefix,
+              load_row(static_cast<int64_t>(l), routing_metrics(counts.layers[l])));
+  // The status line's throughput counts from here: log lines and evaluations are not training.
   tokens_ = 0;
   clock_.restart();
 }
@@ -90,15 +96,16 @@ void ConsoleObserver::on_end(const TrainResult& r) {
   } else {
     log_.info("done: {} steps, {} tokens in {} ({:.0f} tok/s){}", r.step - r.start_step, r.tokens,
               format_duration(r.seconds), (r.tokens - r.start_tokens) / std::max(1e-9, r.seconds),
-              evaluated_ ? fmt::format("; val_loss {:.4f} -> {:.4f}", r.first_val_loss,
-                                       r.last_val_loss)
-                         : "");
+              evaluated_
+                  ? fmt::format("; val_loss {:.4f} -> {:.4f}", r.first_val_loss, r.last_val_loss)
+                  : "");
   }
   if (world_size_ > 1)
-    log_.info("{} ranks: all-reduce of gradients and statistics {:.1f} ms per step ({:.1f} % of "
-              "the loop)",
-              world_size_, 1e3 * r.comm_seconds / std::max<int64_t>(1, r.step - r.start_step),
-              100 * r.comm_seconds / std::max(1e-9, r.seconds));
+    log_.info(
+        "{} ranks: all-reduce of gradients and statistics {:.1f} ms per step ({:.1f} % of "
+        "the loop)",
+        world_size_, 1e3 * r.comm_seconds / std::max<int64_t>(1, r.step - r.start_step),
+        100 * r.comm_seconds / std::max(1e-9, r.seconds));
 }
 
 }  // namespace minimind

@@ -29,6 +29,8 @@ class ConsoleObserver : public Observer {
 
  private:
   void clear_status();
+  // One row per MoE layer, then the status line's throughput starts again.
+  void log_load_rows(const char* prefix, const ExpertCounts& counts);
   spdlog::logger& log_;
   bool live_;
   bool status_shown_ = false;

@@ -24,20 +24,20 @@ struct RunStart {
   std::string run_dir;
   bool main_rank = true;  // only rank 0 writes the run directory
   int world_size = 1;
-  int64_t step = 0;       // where the run starts: 0, or the checkpoint's step
+  int64_t step = 0;  // where the run starts: 0, or the checkpoint's step
   bool resumed = false;
   spdlog::logger* log = nullptr;  // the run's log: console and run_dir/train.log
 };
 
 // After each optimizer step.
 struct StepInfo {
-  int64_t step = 0;          // optimizer steps done, this one included
+  int64_t step = 0;  // optimizer steps done, this one included
   int64_t max_steps = 0;
-  int64_t first_step = 0;    // the step this call started at
-  int64_t tokens = 0;        // training tokens so far, all ranks
-  double lr = 0;             // this step's learning rate
-  double loop_seconds = 0;   // wall time of this call's loop so far
-  double run_seconds = 0;    // training time of the whole run so far, earlier calls included
+  int64_t first_step = 0;   // the step this call started at
+  int64_t tokens = 0;       // training tokens so far, all ranks
+  double lr = 0;            // this step's learning rate
+  double loop_seconds = 0;  // wall time of this call's loop so far
+  double run_seconds = 0;   // training time of the whole run so far, earlier calls included
   const StepStats* stats = nullptr;
 };
 
@@ -62,16 +62,16 @@ struct CheckpointInfo {
 
 struct TrainResult {
   std::string run_dir;
-  int64_t step = 0;          // optimizer steps done
-  int64_t start_step = 0;    // where this call started (a resumed run's checkpoint)
-  int64_t tokens = 0;        // training tokens seen in total (all ranks)
+  int64_t step = 0;        // optimizer steps done
+  int64_t start_step = 0;  // where this call started (a resumed run's checkpoint)
+  int64_t tokens = 0;      // training tokens seen in total (all ranks)
   int64_t start_tokens = 0;
-  bool interrupted = false;  // stopped by a stop request (signal) or the after_step hook
-  int signal = 0;            // the signal that stopped it, if any
+  bool interrupted = false;         // stopped by a stop request (signal) or the after_step hook
+  int signal = 0;                   // the signal that stopped it, if any
   std::vector<double> step_losses;  // loss (LM + aux) of each step run by this call
   double first_val_loss = 0, last_val_loss = 0;  // of this call's evaluations
-  double seconds = 0;        // wall time of this call's training loop
-  double comm_seconds = 0;   // in gradient/statistics all-reduces (several ranks)
+  double seconds = 0;                            // wall time of this call's training loop
+  double comm_seconds = 0;  // in gradient/statistics all-reduces (several ranks)
 };
 
 class Observer {

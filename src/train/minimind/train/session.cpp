@@ -24,8 +24,8 @@ std::shared_ptr<spdlog::logger> make_run_logger(const std::string& run_dir, bool
     log = std::make_shared<spdlog::logger>("minimind", sinks.begin(), sinks.end());
   } else {
     // A sink of its own: a pattern set on a shared sink would change the main's console.
-    log = std::make_shared<spdlog::logger>(
-        "minimind", std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+    log = std::make_shared<spdlog::logger>("minimind",
+                                           std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
     log->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
     log->set_level(spdlog::level::warn);
   }
@@ -45,8 +45,10 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
     throw CheckpointError("cannot resume '" + checkpoint + "' with a different model (" +
                               fmt::format("{}", fmt::join(model_diff, "; ")) + ")",
                           "resume with the run's own config: " + run_dir + "/config.yaml");
-  for (const auto& d : config_differences(saved, cfg)) log.warn("resuming with a changed setting: {}", d);
-  log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step, saved_state.tokens);
+  for (const auto& d : config_differences(saved, cfg))
+    log.warn("resuming with a changed setting: {}", d);
+  log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step,
+           saved_state.tokens);
   return saved.train.batch_size;
 }
 
@@ -65,7 +67,8 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
     const TrainState saved = read_checkpoint_state(*s->run.checkpoint);
     saved_batch_size = check_resumed_config(cfg, saved, *s->run.checkpoint, run_dir, log);
   }
-  if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+  if (main_rank)
+    write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
   s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
@@ -89,9 +92,11 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
 
   const BlasReport blas = check_blas();
   if (!blas.ok)
-    log.warn("!!! matmul runs at {:.1f} GFLOP/s (BLAS: {}); expected > {:.0f}. Install an "
-             "optimised BLAS (`apt-get install libopenblas0-pthread`; scripts/install-deps.sh "
-             "does): training will be ~20x slower.", blas.gflops, blas.library, kMinSaneGflops);
+    log.warn(
+        "!!! matmul runs at {:.1f} GFLOP/s (BLAS: {}); expected > {:.0f}. Install an "
+        "optimised BLAS (`apt-get install libopenblas0-pthread`; scripts/install-deps.sh "
+        "does): training will be ~20x slower.",
+        blas.gflops, blas.library, kMinSaneGflops);
 
   // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
   // (torch's default generator, whose state the checkpoints carry).
@@ -109,23 +114,25 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
     const int64_t rows = s->state.loader_rows >= 0 ? s->state.loader_rows
                                                    : s->state.loader_batches * saved_batch_size;
     if (rows % rows_per_batch != 0)
-      log.warn("the checkpoint's data position ({} rows) is not a multiple of {} rows per "
-               "micro-step; {} rows are skipped", rows, rows_per_batch,
-               rows_per_batch - rows % rows_per_batch);
+      log.warn(
+          "the checkpoint's data position ({} rows) is not a multiple of {} rows per "
+          "micro-step; {} rows are skipped",
+          rows, rows_per_batch, rows_per_batch - rows % rows_per_batch);
     s->sampler->set_position((rows + rows_per_batch - 1) / rows_per_batch);
   }
   dist.broadcast_from_main(s->model->parameters());  // every rank starts from rank 0's weights
 
   const ParamCount n = count_parameters(s->model);
   const ModelConfig& m = cfg.model;
-  log.info("model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
-           "{} threads{}, BLAS {:.0f} GFLOP/s",
-           m.num_hidden_layers, m.hidden_size,
-           m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
-                     : std::string("dense"),
-           n.total / 1e6, n.active / 1e6, s->threads,
-           dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
-           blas.gflops);
+  log.info(
+      "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
+      "{} threads{}, BLAS {:.0f} GFLOP/s",
+      m.num_hidden_layers, m.hidden_size,
+      m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
+                : std::string("dense"),
+      n.total / 1e6, n.active / 1e6, s->threads,
+      dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
+      blas.gflops);
   return s;
 }
 

@@ -10,12 +10,12 @@ namespace minimind {
 
 struct StepStats {
   double loss = 0, lm_loss = 0, aux_loss = 0;  // means over the micro-batches
-  double grad_norm = 0;                         // before clipping
-  std::vector<double> layer_aux;                // per MoE layer, mean over micro-batches
-  ExpertCounts counts;                          // per MoE layer, summed over micro-batches
-  int64_t tokens = 0;                           // input tokens of all micro-batches
-  bool finite = true;                           // false: nothing was applied
-  double comm_seconds = 0;                      // in all-reduces (multi-process runs)
+  double grad_norm = 0;                        // before clipping
+  std::vector<double> layer_aux;               // per MoE layer, mean over micro-batches
+  ExpertCounts counts;                         // per MoE layer, summed over micro-batches
+  int64_t tokens = 0;                          // input tokens of all micro-batches
+  bool finite = true;                          // false: nothing was applied
+  double comm_seconds = 0;                     // in all-reduces (multi-process runs)
 };
 
 }  // namespace minimind

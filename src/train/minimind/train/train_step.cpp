@@ -36,7 +36,8 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     s.lm_loss += out.loss.item<double>() / A;
     s.aux_loss += out.aux_loss.item<double>() / A;
     s.layer_aux.resize(out.layer_aux.size(), 0.0);
-    for (size_t l = 0; l < out.layer_aux.size(); ++l) s.layer_aux[l] += out.layer_aux[l].item<double>() / A;
+    for (size_t l = 0; l < out.layer_aux.size(); ++l)
+      s.layer_aux[l] += out.layer_aux[l].item<double>() / A;
     s.counts.add(out.expert_counts);
     s.tokens += batch.input_ids.numel();
   }

@@ -19,12 +19,12 @@ namespace {
 
 TrainError non_finite_error(const StepStats& st, int64_t step, const std::string& run_dir) {
   const auto last = latest_checkpoint(run_dir);
-  return TrainError(fmt::format("non-finite {} at step {} (loss {}, lm {}, aux {}, grad norm {}); "
-                                "stopping without saving. The last good checkpoint is {}.",
-                                std::isfinite(st.loss) ? "gradient norm" : "loss", step, st.loss,
-                                st.lm_loss, st.aux_loss, st.grad_norm,
-                                last ? *last : std::string("(none yet)")),
-                    "try a lower train.learning_rate or train.grad_clip, then --resume");
+  return TrainError(
+      fmt::format("non-finite {} at step {} (loss {}, lm {}, aux {}, grad norm {}); "
+                  "stopping without saving. The last good checkpoint is {}.",
+                  std::isfinite(st.loss) ? "gradient norm" : "loss", step, st.loss, st.lm_loss,
+                  st.aux_loss, st.grad_norm, last ? *last : std::string("(none yet)")),
+      "try a lower train.learning_rate or train.grad_clip, then --resume");
 }
 
 struct StopDecision {
@@ -50,7 +50,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   Distributed& dist = options.dist ? *options.dist : single;
   const bool main_rank = dist.is_main();
   const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
-  std::unique_ptr<TrainSession> s = open_session(cfg, run_dir, options.resume, options.overwrite, dist);
+  std::unique_ptr<TrainSession> s =
+      open_session(cfg, run_dir, options.resume, options.overwrite, dist);
   TrainState& state = s->state;
   const TrainConfig& tc = cfg.train;
 
@@ -67,10 +68,12 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   bus.add(window);
   bus.add(console);
   if (main_rank) {
-    bus.add(logs.emplace(run_dir, s->run.checkpoint ? state.step : -1, cfg.model.router_aux_loss_coef));
-    bus.add(watcher.emplace(CollapseThresholds{cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
-                                               cfg.log.collapse_patience},
-                            bus));
+    bus.add(
+        logs.emplace(run_dir, s->run.checkpoint ? state.step : -1, cfg.model.router_aux_loss_coef));
+    bus.add(watcher.emplace(
+        CollapseThresholds{cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
+                           cfg.log.collapse_patience},
+        bus));
     bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus));
   }
   if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
@@ -87,8 +90,9 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   const Stopwatch loop;
   while (state.step < tc.max_steps) {
     const double lr = learning_rate_at(state.step, tc.max_steps, tc.learning_rate, tc.warmup_steps);
-    const StepStats st = optimizer_step(s->model, *s->optimizer, [&] { return s->sampler->next(); },
-                                        tc.accumulation_steps, tc.grad_clip, lr, &dist);
+    const StepStats st = optimizer_step(
+        s->model, *s->optimizer, [&] { return s->sampler->next(); }, tc.accumulation_steps,
+        tc.grad_clip, lr, &dist);
     result.comm_seconds += st.comm_seconds;
     // A non-finite step changed no weight: stop with the last checkpoint intact.
     if (!st.finite) throw non_finite_error(st, state.step + 1, run_dir);
@@ -98,8 +102,14 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
     result.step_losses.push_back(st.loss);
 
     const double seconds = loop.seconds();
-    const StepInfo info{state.step, tc.max_steps, result.start_step, state.tokens, lr,
-                        seconds,    state.elapsed_seconds + seconds,  &st};
+    const StepInfo info{state.step,
+                        tc.max_steps,
+                        result.start_step,
+                        state.tokens,
+                        lr,
+                        seconds,
+                        state.elapsed_seconds + seconds,
+                        &st};
     bus.on_step(info);
     const StopDecision stop = agree_to_stop(options, state.step, s->model, dist);
     bus.on_step_end(info, stop.stop || state.step == tc.max_steps);
@@ -112,7 +122,8 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   result.step = state.step;
   result.tokens = state.tokens;
   result.seconds = loop.seconds();
-  if (evaluator) result.first_val_loss = evaluator->first_loss(), result.last_val_loss = evaluator->last_loss();
+  if (evaluator)
+    result.first_val_loss = evaluator->first_loss(), result.last_val_loss = evaluator->last_loss();
   bus.on_end(result);
   dist.barrier();  // the last checkpoint is written before any rank reports success
   return result;
