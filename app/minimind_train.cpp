@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 
 #include "minimind/analysis/report.h"
 #include "minimind/config.h"
@@ -22,15 +24,26 @@
 namespace {
 
 minimind::StopFlag g_stop;
+std::atomic<int64_t> g_first_signal_ms{0};
+
+int64_t monotonic_ms() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
 
 // The first SIGINT/SIGTERM asks the run to stop after the current step (with a checkpoint);
-// a second one ends the process at once.
+// another one a second or more later ends the process at once. Signals within that second
+// count as the same request: a Ctrl-C in a terminal reaches each rank of
+// scripts/launch-local.sh both directly and forwarded by the script.
 extern "C" void on_stop_signal(int sig) {
   if (g_stop.signal() != 0) {
+    if (monotonic_ms() - g_first_signal_ms.load() < 1000) return;
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
+  g_first_signal_ms.store(monotonic_ms());
   g_stop.request(sig);
   const char msg[] =
       "\nstopping after this step with a checkpoint (send the signal again to quit now)\n";
