@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "minimind/config.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 
@@ -32,7 +33,7 @@ void expect_error(const std::string& yaml, const std::vector<std::string>& parts
 }
 
 std::string shipped(const std::string& name) {
-  return std::string(MINIMIND_SOURCE_DIR) + "/configs/" + name;
+  return test::source_path("configs/" + name);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ std::string jsonl_line(const std::string& text) {
 
 // The first n records of the shipped corpus, plus some Chinese and emoji text.
 std::string sample_corpus(int n) {
-  std::ifstream in(std::string(MINIMIND_SOURCE_DIR) + "/data/austen.jsonl");
+  std::ifstream in(test::source_path("data/austen.jsonl"));
   std::string out, line;
   for (int i = 0; i < n && std::getline(in, line); ++i) out += line + "\n";
   for (int i = 0; i < 20; ++i) {
@@ -183,9 +183,9 @@ TEST_F(TokenizerTest, PythonSentencepieceReproducesIds) {
   for (size_t i = 0; i < texts_->size(); i += 3) texts.push_back((*texts_)[i]);
   for (const auto& t : texts) cases.push_back({{"text", t}, {"ids", tok.encode(t)}});
   write_text(*dir_ + "/cases.json", cases.dump());
-  const std::string cmd = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR +
-                          "/tests/reference/check_tokenizer.py " + *dir_ + "/tok.model " + *dir_ +
-                          "/cases.json";
+  const std::string cmd = std::string(MINIMIND_PYTHON) + " " +
+                          test::source_path("tests/reference/check_tokenizer.py") + " " + *dir_ +
+                          "/tok.model " + *dir_ + "/cases.json";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 

@@ -233,7 +233,7 @@ TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
   const std::string moe = *dir_ + "/moe/report.html", dense = *dir_ + "/dense/report.html";
   ASSERT_TRUE(fs::exists(moe));  // written by the trainer at the end of the run
   const std::string check =
-      std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR + "/tests/reference/check_html.py ";
+      std::string(MINIMIND_PYTHON) + " " + test::source_path("tests/reference/check_html.py") + " ";
   EXPECT_EQ(std::system((check + moe + " 2").c_str()), 0);
   EXPECT_EQ(std::system((check + dense + " 0").c_str()), 0);
   std::ifstream in(moe);

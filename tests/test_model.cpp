@@ -2,7 +2,6 @@
 // gradient starvation of MiniMind issue #858, weights I/O errors, and the BLAS in use.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/util/blas_check.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 
@@ -30,11 +30,11 @@ ModelConfig small(bool moe) {
 }
 
 ModelConfig shipped_model(const std::string& name) {
-  return load_config(std::string(MINIMIND_SOURCE_DIR) + "/configs/" + name, {}).config.model;
+  return load_config(test::source_path("configs/" + name), {}).config.model;
 }
 
 std::string temp_path(const std::string& name) {
-  return testing::TempDir() + "minimind_" + std::to_string(::getpid()) + "_" + name;
+  return test::temp_dir("model") + "/" + name;
 }
 
 }  // namespace

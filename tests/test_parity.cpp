@@ -24,6 +24,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 
@@ -197,12 +198,12 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
     torch::NoGradGuard no_grad;
     const double loss =
         model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor()).loss.item<double>();
-    const std::string path =
-        testing::TempDir() + "cpp_" + std::to_string(::getpid()) + "_" + name + ".pth";
+    const std::string path = test::temp_dir("parity_weights") + "/" + name + ".pth";
     save_weights(model, path);
-    const std::string cmd = std::string(MINIMIND_PYTHON) + " " + MINIMIND_SOURCE_DIR +
-                            "/tests/reference/check_weights.py " + fixtures_dir() + "/" + name +
-                            ".pt " + path + " " + c10::str(std::setprecision(17), loss);
+    const std::string cmd = std::string(MINIMIND_PYTHON) + " " +
+                            test::source_path("tests/reference/check_weights.py") + " " +
+                            fixtures_dir() + "/" + name + ".pt " + path + " " +
+                            c10::str(std::setprecision(17), loss);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
 }
@@ -216,8 +217,7 @@ TEST(ParityEval, EvaluateEqualsReferenceLoss) {
     auto fx = load_fixture(name);
     MiniMindForCausalLM model = build(fx, name);
     torch::Tensor ids = fx.at("input_ids").toTensor();
-    const std::string path =
-        testing::TempDir() + "eval_docs_" + std::to_string(::getpid()) + ".tok";
+    const std::string path = test::temp_dir("parity_eval") + "/docs.tok";
     {
       TokenFileWriter w(path, static_cast<uint32_t>(model->config().vocab_size), {0, 0});
       for (int64_t r = 0; r < ids.size(0); ++r) {
