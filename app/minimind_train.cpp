@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_only) {
+      minimind::check_data_paths(cfg);
       minimind::prepare_data(cfg.data, cfg.model.vocab_size,
                              minimind::use_threads(cfg.run.threads));
       return 0;

@@ -450,3 +450,33 @@ TEST(Prepare, SeparateValidationFile) {
   EXPECT_EQ(p.val_docs, 2u);
   EXPECT_EQ(p.train_docs, 160u);  // 120 + 40 extra records, none held out
 }
+
+TEST(Prepare, StrictRefusesBadLinesEvenWhenTokensAreCached) {
+  const std::string dir = temp_dir("prepstrict");
+  write_text(dir + "/a.jsonl", sample_corpus(100) + "{broken\n");
+  DataConfig d;
+  d.train = dir + "/a.jsonl";
+  d.cache_dir = dir + "/cache";
+  EXPECT_FALSE(prepare_data(d, 700, 2).tokens_cached);  // not strict: the line is skipped
+  d.strict = true;
+  const std::string msg = test::error_of<DataError>([&] { prepare_data(d, 700, 2); });
+  EXPECT_NE(msg.find("a.jsonl:141: invalid JSON"), std::string::npos) << msg;
+}
+
+TEST(Prepare, DataPathsAreCheckedUpFrontNamingTheKey) {
+  const std::string dir = temp_dir("preppaths");
+  Config cfg = load_config_string("data:\n  train: " + dir + "\n", "paths.yaml");
+  std::string msg = test::error_of<DataError>([&] { check_data_paths(cfg); });
+  EXPECT_NE(msg.find("data.train (paths.yaml line 2): '" + dir + "' is not a file"),
+            std::string::npos)
+      << msg;
+  apply_override(cfg, "data.train=" + dir + "/missing.jsonl");
+  msg = test::error_of<DataError>([&] { check_data_paths(cfg); });
+  EXPECT_NE(msg.find("'" + dir + "/missing.jsonl' does not exist"), std::string::npos) << msg;
+  // prepare_data itself names a directory instead of reading it as an empty file.
+  DataConfig d;
+  d.train = dir;
+  d.cache_dir = dir + "/cache";
+  msg = test::error_of<DataError>([&] { prepare_data(d, 700, 1); });
+  EXPECT_NE(msg.find("is a directory, not a file"), std::string::npos) << msg;
+}

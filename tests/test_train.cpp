@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
@@ -666,6 +667,105 @@ TEST(Trainer, CollapseEventsAreLogged) {
   options.out_dir = dir + "/default";
   train(quiet, options);
   EXPECT_TRUE(read_run_logs(dir + "/default").collapses.empty());
+}
+
+TEST(RunDirectory, OneOwnerAtATime) {
+  const std::string dir = temp_dir("lock");
+  Config cfg = tiny_config(dir);
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  {
+    fs::create_directories(options.out_dir);
+    RunLock other = RunLock::acquire(options.out_dir);  // another trainer owns the run
+    for (bool resume : {false, true}) {
+      options.resume = resume;
+      options.overwrite = !resume;
+      const std::string msg = error_of<TrainError>([&] { train(cfg, options); });
+      EXPECT_NE(
+          msg.find("is in use by another minimind-train (PID " + std::to_string(::getpid()) + ")"),
+          std::string::npos)
+          << msg;
+    }
+  }
+  options.resume = false, options.overwrite = false;
+  EXPECT_EQ(train(cfg, options).step, 8);  // free again once the owner is gone
+  // The run keeps its lock file; --overwrite keeps it too and removes everything else.
+  EXPECT_TRUE(fs::exists(options.out_dir + "/.lock"));
+}
+
+TEST(RunDirectory, OverwriteChecksTheDataBeforeDeletingTheOldRun) {
+  const std::string dir = temp_dir("overwrite");
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  train(tiny_config(dir), options);
+  Config typo = tiny_config(dir);
+  apply_override(typo, "data.train=" + dir + "/corpsu.jsonl");
+  options.overwrite = true;
+  const std::string msg = error_of<DataError>([&] { train(typo, options); });
+  EXPECT_NE(msg.find("data.train (--set data.train=" + dir + "/corpsu.jsonl): '" + dir +
+                     "/corpsu.jsonl' does not exist"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(latest_checkpoint(options.out_dir).has_value());  // the old run is intact
+}
+
+// A checkpoint that does not fit on the disk: a clear error, nothing half-written left,
+// earlier checkpoints intact, and --resume works once there is space again. Needs root to
+// mount a small tmpfs as the run directory.
+TEST(RunDirectory, DiskFullDuringACheckpoint) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs (run the suite as root)";
+  const std::string dir = temp_dir("diskfull");
+  const std::string run = dir + "/run";
+  fs::create_directories(run);
+  ASSERT_EQ(std::system(("mount -t tmpfs -o size=8m tmpfs " + run).c_str()), 0);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { (void)!std::system(("umount -l " + path).c_str()); }
+  } unmount{run};
+  Config cfg = tiny_config(dir, {"train.max_steps=8", "train.checkpoint_interval=3"});
+  TrainOptions options;
+  options.out_dir = run;
+  // After the checkpoint of step 3, fill the disk to the last few KB.
+  options.after_step = [&](int64_t step, MiniMindForCausalLM&) {
+    if (step == 4) {
+      const auto space = fs::space(run);
+      std::ofstream fill(run + "/filler", std::ios::binary);
+      const std::string block(4096, 'x');
+      for (uintmax_t n = 0; n + 2 * 4096 < space.available; n += 4096) fill << block;
+    }
+    return false;
+  };
+  const std::string msg = error_of<CheckpointError>([&] { train(cfg, options); });
+  EXPECT_NE(msg.find("cannot write checkpoint " + run + "/checkpoints/step_00000006"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MB free on that file system"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: free some space"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/.tmp-step_00000006"));
+  ASSERT_EQ(*latest_checkpoint(run), run + "/checkpoints/step_00000003");
+  fs::remove(run + "/filler");
+  options.resume = true;
+  options.after_step = {};
+  const TrainResult resumed = train(cfg, options);
+  EXPECT_EQ(resumed.step, 8);
+  EXPECT_EQ(resumed.step_losses.size(), 5u);  // steps 4..8 again
+}
+
+TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {
+  const std::string dir = temp_dir("halfwritten");
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
+  train(tiny_config(dir), options);
+  // What a kill -9 in the middle of writing step 7 leaves (a step this run does not save again).
+  const std::string tmp = options.out_dir + "/checkpoints/.tmp-step_00000007";
+  fs::create_directories(tmp);
+  write_text(tmp + "/model.pth", "partial");
+  options.resume = true;
+  options.after_step = {};
+  EXPECT_EQ(train(tiny_config(dir), options).step, 8);
+  EXPECT_FALSE(fs::exists(tmp));
 }
 
 // Golden losses: 12 steps of the shipped configs/moe.yaml, one thread, fixed seed, written

@@ -25,6 +25,8 @@ namespace {
 constexpr int kTokenizerRecipe = 1;
 
 std::string read_file(const std::string& path, const char* what) {
+  if (fs::is_directory(path))
+    throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -130,6 +132,22 @@ bool usable(const std::string& path, const SourceKey& key, spdlog::logger& log) 
 
 }  // namespace
 
+void check_data_paths(const Config& cfg) {
+  auto check = [&](const char* key, const std::string& path) {
+    if (path.empty()) return;
+    const auto origin = cfg.origin.find(key);
+    const std::string where = origin != cfg.origin.end() ? origin->second : "default";
+    if (!fs::exists(path))
+      throw DataError(std::string(key) + " (" + where + "): '" + path + "' does not exist",
+                      "check the path; a relative path is read from the working directory");
+    if (!fs::is_regular_file(path))
+      throw DataError(std::string(key) + " (" + where + "): '" + path + "' is not a file");
+  };
+  check("data.train", cfg.data.train);
+  check("data.val", cfg.data.val);
+  check("data.tokenizer", cfg.data.tokenizer);
+}
+
 std::vector<bool> validation_mask(int64_t n, double fraction) {
   std::vector<bool> mask(static_cast<size_t>(n), false);
   const int64_t k = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(fraction * n)));
@@ -200,6 +218,12 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   out.val_path = has_val ? (dir / "val.tok").string() : "";
   out.tokens_cached =
       usable(out.train_path, key, log) && (!has_val || usable(out.val_path, key, log));
+  // data.strict refuses a corpus with bad lines even when its token files are cached
+  // (they were made by a run that skipped the lines).
+  if (data.strict && out.tokens_cached) {
+    train_split();
+    if (!data.val.empty()) val_records = load_records(data.val, true, log);
+  }
   if (!out.tokens_cached) {
     fs::create_directories(dir);
     Records& r = train_split();

@@ -28,6 +28,11 @@ struct PreparedData {
 PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads,
                           spdlog::logger& log = *spdlog::default_logger());
 
+// Checks that data.train, data.val and data.tokenizer (when set) are existing files; throws
+// DataError naming the key and where it was set. A run checks this before it touches its
+// run directory.
+void check_data_paths(const Config& cfg);
+
 // Which records of a corpus of n records are held out for validation: exactly
 // ceil(fraction * n) of them, spread over the corpus, the same for the same n.
 std::vector<bool> validation_mask(int64_t n, double fraction);

@@ -2,13 +2,18 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "minimind/model/weights_io.h"
 #include "minimind/util/atomic_file.h"
@@ -53,23 +58,69 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string
 
 }  // namespace
 
+RunLock RunLock::acquire(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / ".lock").string();
+  RunLock lock;
+  lock.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock.fd_ < 0)
+    throw TrainError("cannot create the run's lock file '" + path + "': " + std::strerror(errno));
+  if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(lock.fd_, buf, sizeof(buf) - 1, 0);
+    const std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    throw TrainError("'" + run_dir + "' is in use by another minimind-train (PID " + pid + ")",
+                     "wait for it to finish, stop it with `kill -INT " + pid +
+                         "` (it saves a checkpoint first), or use --out DIR for another "
+                         "directory");
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(lock.fd_, 0) != 0 || ::pwrite(lock.fd_, pid.data(), pid.size(), 0) < 0)
+    throw TrainError("cannot write the run's lock file '" + path + "': " + std::strerror(errno));
+  return lock;
+}
+
+RunLock& RunLock::operator=(RunLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
 RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
                                 Distributed& dist) {
-  RunDirectory run{path, std::nullopt};
+  RunDirectory run{path, std::nullopt, {}};
   if (dist.is_main()) {
+    if (resume && !fs::is_directory(path))
+      throw TrainError("--resume: '" + path + "' does not exist",
+                       "run without --resume to start training");
+    fs::create_directories(path);
+    run.lock = RunLock::acquire(path);  // before anything in it is read or changed
+    // What the directory holds besides the lock file.
+    std::vector<fs::path> entries;
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.path().filename() != ".lock") entries.push_back(e.path());
     if (resume) {
+      const fs::path root = fs::path(path) / "checkpoints";
+      if (fs::exists(root))
+        for (const auto& e : fs::directory_iterator(root))
+          if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
       run.checkpoint = latest_checkpoint(path);
       if (!run.checkpoint)
         throw TrainError("--resume: no complete checkpoint in '" + path + "'",
                          "run without --resume to start training");
-    } else if (fs::exists(path) && !fs::is_empty(path)) {
+    } else if (!entries.empty()) {
       if (!overwrite)
         throw TrainError("'" + path + "' already holds a run",
                          "use --resume to continue it, --overwrite to start it again, or --out "
                          "DIR for a new directory");
-      fs::remove_all(path);
+      for (const auto& e : entries) fs::remove_all(e);
     }
-    fs::create_directories(path);
   }
   dist.barrier();
   if (!dist.is_main() && resume) {
@@ -89,41 +140,53 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / step_name(state.step);
   const fs::path tmp = root / (".tmp-" + step_name(state.step));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  auto written = [&](const char* name) {
-    sync_path(tmp / name);
+  // Each file is serialised in memory and written with write_file_atomic, which checks
+  // every write and flushes it to disk: a full disk is an error here, not a torch writer
+  // failing inside a destructor.
+  auto write = [&](const char* name, std::string_view bytes) {
+    write_file_atomic((tmp / name).string(), bytes);
     if (after_file) after_file(name);
   };
-
-  save_weights(model, (tmp / "model.pth").string(), torch::kFloat32);
-  written("model.pth");
-  torch::save(optimizer, (tmp / "optimizer.pt").string());
-  written("optimizer.pt");
-  {
+  try {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    save_weights(model, (tmp / "model.pth").string(), torch::kFloat32);
+    if (after_file) after_file("model.pth");
+    std::ostringstream optimizer_bytes;
+    torch::save(optimizer, optimizer_bytes);
+    write("optimizer.pt", optimizer_bytes.str());
     auto gen = at::detail::getDefaultCPUGenerator();
     torch::Tensor rng;
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       rng = gen.get_state();
     }
-    const std::vector<char> bytes = torch::pickle_save(rng);
-    write_file_atomic((tmp / "rng.pt").string(), std::string_view(bytes.data(), bytes.size()));
+    const std::vector<char> rng_bytes = torch::pickle_save(rng);
+    write("rng.pt", std::string_view(rng_bytes.data(), rng_bytes.size()));
+    const nlohmann::json j = {{"format_version", kCheckpointVersion},
+                              {"step", state.step},
+                              {"tokens", state.tokens},
+                              {"loader_rows", state.loader_rows},
+                              {"elapsed_seconds", state.elapsed_seconds},
+                              {"config", state.config_yaml}};
+    write("state.json", j.dump(2) + "\n");
+    sync_path(tmp);
+  } catch (const std::exception& e) {
+    // Leave nothing half-written behind (it would hold the space a retry needs).
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const fs::space_info space = fs::space(run_dir, ec);
+    int64_t params = 0;
+    for (const auto& p : model->parameters()) params += p.numel();
+    // Weights plus AdamW's two moments, in float32.
+    const double need_mb = 3.0 * 4.0 * static_cast<double>(params) / 1e6;
+    throw CheckpointError(
+        fmt::format("cannot write checkpoint {}: {} ({:.1f} MB free on that file system; a "
+                    "checkpoint of this model needs about {:.1f} MB)",
+                    final_dir.string(), e.what(), ec ? -1.0 : space.available / 1e6, need_mb),
+        "free some space (or lower train.keep_checkpoints), then continue with --resume from "
+        "the last checkpoint");
   }
-  written("rng.pt");
-  nlohmann::json j = {{"format_version", kCheckpointVersion},
-                      {"step", state.step},
-                      {"tokens", state.tokens},
-                      {"loader_rows", state.loader_rows},
-                      {"elapsed_seconds", state.elapsed_seconds},
-                      {"config", state.config_yaml}};
-  {
-    std::ofstream out(tmp / "state.json");
-    out << j.dump(2) << "\n";
-    if (!out.flush()) throw CheckpointError("cannot write " + (tmp / "state.json").string());
-  }
-  written("state.json");
-  sync_path(tmp);
 
   fs::remove_all(final_dir);  // a re-run step (after resume) replaces its old checkpoint
   fs::rename(tmp, final_dir);

@@ -31,13 +31,33 @@ struct TrainState {
   std::string config_yaml;     // the resolved config of the run
 };
 
+// One owner per run directory: an advisory lock (flock) on run_dir/.lock, held while the
+// object lives, by the process that writes the directory (rank 0). The file holds the
+// owner's PID so that a second trainer can name it. Readers (evaluation, inspection) take
+// no lock.
+class RunLock {
+ public:
+  // Throws TrainError naming the holder's PID when another process holds the lock.
+  static RunLock acquire(const std::string& run_dir);
+  RunLock() = default;
+  RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  RunLock& operator=(RunLock&& other) noexcept;
+  ~RunLock();
+
+ private:
+  int fd_ = -1;
+};
+
 // A training run's directory, ready for the run: made fresh, emptied (overwrite) or found
-// holding the checkpoint to resume from. Rank 0 checks and prepares it; the other ranks
-// then look for rank 0's checkpoint in it (the directory must be shared). Throws TrainError
-// with a hint when the directory holds a run and neither resume nor overwrite was asked.
+// holding the checkpoint to resume from, and locked. Rank 0 checks and prepares it; the
+// other ranks then look for rank 0's checkpoint in it (the directory must be shared).
+// Throws TrainError with a hint when the directory holds a run and neither resume nor
+// overwrite was asked, or when another trainer owns it. A checkpoint left half-written by a
+// crash (checkpoints/.tmp-*) is removed.
 struct RunDirectory {
   std::string path;
   std::optional<std::string> checkpoint;  // resume: the newest complete checkpoint
+  RunLock lock;                           // rank 0
 };
 RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
                                 Distributed& dist);

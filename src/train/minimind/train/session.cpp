@@ -58,6 +58,7 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
                                            bool resume, bool overwrite, Distributed& dist) {
   auto s = std::make_unique<TrainSession>();
   const bool main_rank = dist.is_main();
+  check_data_paths(cfg);  // before --overwrite empties the run directory
   s->run = open_run_directory(run_dir, resume, overwrite, dist);
   s->log = make_run_logger(run_dir, resume, dist.rank());
   spdlog::logger& log = *s->log;
