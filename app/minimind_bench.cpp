@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "command_line.h"
 #include "minimind/config.h"
 #include "minimind/error.h"
 #include "minimind/eval/generate.h"
@@ -51,18 +52,23 @@ int main(int argc, char** argv) {
   std::string profile;
   app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")
       ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
-  app.add_option("--steps", steps, "measured steps (median over them)");
-  app.add_option("--warmup", warmup, "steps before measuring");
-  app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)");
+  app.add_option("--steps", steps, "measured steps (median over them)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", warmup, "steps before measuring")->check(CLI::Range(0, 100000));
+  app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--blas-threads", blas_threads,
-                 "OpenBLAS threads while training (0: the trainer's choice)");
+                 "OpenBLAS threads while training (0: the trainer's choice)")
+      ->check(CLI::Range(0, 1024));
   app.add_option("--torch-threads", torch_threads,
-                 "torch intra-op threads (0: the trainer's choice)");
+                 "torch intra-op threads (0: the trainer's choice)")
+      ->check(CLI::Range(0, 1024));
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_flag("--json", json, "one JSON line on stdout");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
+    return status;
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
 
   return minimind::run_main([&] {

@@ -7,8 +7,10 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
 #include "minimind/data/prepare.h"
@@ -96,6 +98,11 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   std::cout << std::endl;
   spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s, KV cache {})", out.size(), secs,
                out.size() / std::max(secs, 1e-9), a.gen.use_cache ? "on" : "off");
+  const int64_t max_positions = m.config.model.max_position_embeddings;
+  if (static_cast<int64_t>(out.size()) < a.gen.max_new_tokens &&
+      static_cast<int64_t>(prompt.size() + out.size()) >= max_positions)
+    spdlog::warn("stopped at model.max_position_embeddings = {} positions (prompt {} + {} new)",
+                 max_positions, prompt.size(), out.size());
   return 0;
 }
 
@@ -115,18 +122,25 @@ int main(int argc, char** argv) {
                  "sentencepiece .model (default: the run's tokenizer.model)");
   app.add_option("--data", a.data,
                  "JSONL corpus to evaluate (default: the run's validation split)");
-  app.add_option("--max-docs", a.max_docs, "evaluate at most N documents");
-  app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)");
-  app.add_option("--threads", a.threads, "intra-op threads (default: one per core)");
+  app.add_option("--max-docs", a.max_docs, "evaluate at most N documents")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+  app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--threads", a.threads, "intra-op threads (default: one per core)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
   app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
   app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
-  app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)");
+  app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)");
-  app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)");
+  app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", a.gen.repetition_penalty,
-                 "MiniMind's penalty, 1 = off (default 1.0)");
+                 "MiniMind's penalty, 1 = off (default 1.0)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", a.gen.seed, "sampling seed (default 42)");
   app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
   app.add_flag("--no-cache", no_cache,
@@ -134,7 +148,8 @@ int main(int argc, char** argv) {
   app.add_option("--inspect", a.inspect,
                  "show a run's expert-load history in the terminal (RUN_DIR)");
   app.add_option("--report", a.report, "write RUN_DIR/report.html");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
+    return status;
   a.gen.use_cache = !no_cache;
 
   // Human-readable output goes to stderr so that stdout carries only the result.

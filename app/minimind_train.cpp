@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "command_line.h"
 #include "minimind/analysis/report.h"
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
@@ -84,7 +85,8 @@ int main(int argc, char** argv) {
   app.add_flag("--prepare-only", prepare_only,
                "prepare tokenizer and token files (cached), then exit");
   app.add_flag("--print-config", print_config, "print the resolved config as YAML and exit");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
+    return status;
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
   if (seed >= 0) overrides.push_back("run.seed=" + std::to_string(seed));
   spdlog::set_default_logger(spdlog::stdout_color_mt("minimind"));

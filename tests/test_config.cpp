@@ -219,3 +219,12 @@ TEST(ConfigRoundTrip, WrittenYamlLoadsBackIdentically) {
     EXPECT_EQ(*back.model.intermediate_size, *c.config.model.intermediate_size);
   }
 }
+
+TEST(ConfigFile, AnEmptyFileIsRefusedUnlessTheRunIsNamed) {
+  const std::string path = test::temp_dir("emptycfg") + "/empty.yaml";
+  test::write_text(path, "# nothing here\n");
+  const std::string msg = test::error_of<ConfigError>([&] { load_config(path, {}); });
+  EXPECT_NE(msg.find("'" + path + "' sets no key"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: start from a preset"), std::string::npos) << msg;
+  EXPECT_EQ(load_config(path, {"run.name=defaults"}).config.model.hidden_size, 768);
+}

@@ -480,3 +480,28 @@ TEST(Prepare, DataPathsAreCheckedUpFrontNamingTheKey) {
   msg = test::error_of<DataError>([&] { prepare_data(d, 700, 1); });
   EXPECT_NE(msg.find("is a directory, not a file"), std::string::npos) << msg;
 }
+
+TEST(Prepare, OneRecordStaysForTraining) {
+  EXPECT_EQ(validation_mask(1, 0.02), std::vector<bool>{false});
+  const std::vector<bool> two = validation_mask(2, 0.9);
+  EXPECT_EQ(std::count(two.begin(), two.end(), true), 1);
+  const std::string dir = temp_dir("prepone");
+  write_text(dir + "/one.jsonl", jsonl_line(test::read_text(test::source_path("data/README.md"))));
+  DataConfig d;
+  d.train = dir + "/one.jsonl";
+  d.cache_dir = dir + "/cache";
+  const PreparedData p = prepare_data(d, 700, 1);
+  EXPECT_EQ(p.train_docs, 1u);
+  EXPECT_EQ(p.val_docs, 0u);
+}
+
+TEST(Prepare, TooSmallAVocabularyNamesTheKey) {
+  const std::string dir = temp_dir("prepsmallvocab");
+  write_text(dir + "/a.jsonl", sample_corpus(50));
+  DataConfig d;
+  d.train = dir + "/a.jsonl";
+  d.cache_dir = dir + "/cache";
+  const std::string msg = test::error_of<TokenizerError>([&] { prepare_data(d, 100, 1); });
+  EXPECT_NE(msg.find("model.vocab_size = 100"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: a byte-fallback BPE needs at least 256"), std::string::npos) << msg;
+}

@@ -257,3 +257,41 @@ TEST_F(EvalTest, InspectShowsHistogramsTrendsAndWarnings) {
   EXPECT_NE(run("--inspect " + *dir_ + "/dense").out.find("dense model"), std::string::npos);
   EXPECT_NE(run("--inspect " + *dir_ + "/nothing").status, 0);
 }
+
+TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
+  for (const char* args : {"--top-p 2", "--top-k -1", "--repetition-penalty 0", "--max-docs 0",
+                           "--batch-size 0", "--no-such-option"}) {
+    const Command c = run(std::string(args) + " --checkpoint " + ckpt());
+    EXPECT_EQ(c.status, 1) << args << "\n" << c.err;
+    const std::string option = std::string(args).substr(0, std::string(args).find(' '));
+    EXPECT_NE(c.err.find(option), std::string::npos) << args << "\n" << c.err;
+  }
+  EXPECT_EQ(run("--help").status, 0);
+  // minimind-bench: zero measured steps used to end in a segmentation fault.
+  Command bench{0, "", ""};
+  const std::string err_file = test::temp_dir("bench_err") + "/err";
+  bench.status = WEXITSTATUS(
+      std::system((std::string(MINIMIND_BENCH_BIN) + " --steps 0 2>" + err_file).c_str()));
+  EXPECT_EQ(bench.status, 1);
+  EXPECT_NE(test::read_text(err_file).find("--steps"), std::string::npos)
+      << test::read_text(err_file);
+}
+
+TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
+  // The tiny model reads at most 128 positions: a longer prompt is refused with a reason.
+  std::string prompt;
+  for (int i = 0; i < 200; ++i) prompt += "Emma ";
+  Command longer = run("--checkpoint " + ckpt() + " --greedy --prompt '" + prompt + "'");
+  EXPECT_EQ(longer.status, 1);
+  EXPECT_NE(longer.err.find("model.max_position_embeddings = 128"), std::string::npos)
+      << longer.err;
+  // Generating up to the limit says why it stopped.
+  Command full = run("--checkpoint " + ckpt() + " --greedy --max-new-tokens 500 --prompt Emma");
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_NE(full.err.find("stopped at model.max_position_embeddings = 128"), std::string::npos)
+      << full.err;
+  // A temperature so small that the logits overflow: an error, not a torch backtrace.
+  Command cold = run("--checkpoint " + ckpt() + " --temperature 1e-300 --prompt Emma");
+  EXPECT_EQ(cold.status, 1);
+  EXPECT_NE(cold.err.find("non-finite probabilities"), std::string::npos) << cold.err;
+}

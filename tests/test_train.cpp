@@ -768,6 +768,55 @@ TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {
   EXPECT_FALSE(fs::exists(tmp));
 }
 
+TEST(Checkpoint, StateFieldsAreNamedWhenMissingOrMistyped) {
+  CheckpointSetup c("ckstate");
+  auto& [dir, cfg, model, opt, s] = c;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  const std::string state = path + "/state.json";
+  nlohmann::json j = nlohmann::json::parse(read_text(state));
+  j.erase("tokens");
+  write_text(state, j.dump());
+  std::string msg = error_of<CheckpointError>([&] { read_checkpoint_state(path); });
+  EXPECT_NE(msg.find(state + "': field 'tokens' is missing"), std::string::npos) << msg;
+  j["tokens"] = "many";
+  write_text(state, j.dump());
+  msg = error_of<CheckpointError>([&] { read_checkpoint_state(path); });
+  EXPECT_NE(msg.find("field 'tokens' is not an integer"), std::string::npos) << msg;
+}
+
+TEST(Trainer, AFatalErrorIsInTrainLog) {
+  const std::string dir = temp_dir("fatal");
+  Config cfg = tiny_config(dir, {"train.checkpoint_interval=100"});  // fails before any
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  options.after_step = [](int64_t step, MiniMindForCausalLM& m) {
+    torch::NoGradGuard ng;
+    if (step == 2) m->named_parameters()["model.norm.weight"].fill_(NAN);
+    return false;
+  };
+  EXPECT_THROW(train(cfg, options), TrainError);
+  EXPECT_NE(read_text(options.out_dir + "/train.log").find("[error] non-finite loss at step 3"),
+            std::string::npos);
+}
+
+TEST(Trainer, ResumeKeepsTheRunsTokenizerWhenTheCorpusChanged) {
+  const std::string dir = temp_dir("keeptok");
+  Config cfg = tiny_config(dir);
+  TrainOptions options;
+  options.out_dir = dir + "/run";
+  options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 4; };
+  train(cfg, options);
+  const std::string tokenizer = read_text(options.out_dir + "/tokenizer.model");
+  // The corpus at data.train changes (another 200 records): a fresh run would train
+  // another tokenizer on it.
+  std::ofstream(cfg.data.train, std::ios::app)
+      << read_text(source_path("data/austen.jsonl")).substr(0, 400000);
+  options.resume = true;
+  options.after_step = {};
+  EXPECT_EQ(train(cfg, options).step, 8);
+  EXPECT_EQ(read_text(options.out_dir + "/tokenizer.model"), tokenizer);
+}
+
 // Golden losses: 12 steps of the shipped configs/moe.yaml, one thread, fixed seed, written
 // by the binary before the structure change (tests/golden/moe_12_steps.txt). Every value is
 // compared exactly, so any change to numerics fails here, naming the first step that moved.

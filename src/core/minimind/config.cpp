@@ -248,7 +248,14 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
 
 LoadedConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   LoadedConfig out{load_config_file(path), {}};
+  const bool file_sets_nothing = out.config.origin.empty();
   for (const auto& o : overrides) apply_override(out.config, o);
+  // An empty file would train MiniMind's full 768-wide defaults into runs/minimind: most
+  // likely the wrong file. Training the defaults on purpose takes naming the run.
+  if (file_sets_nothing && !out.config.origin.count("run.name"))
+    throw ConfigError("config error: '" + path + "' sets no key",
+                      "start from a preset (configs/moe.yaml), or set run.name (e.g. --set "
+                      "run.name=defaults) to train MiniMind's full default model on purpose");
   out.warnings = validate_and_resolve(out.config);
   return out;
 }

@@ -150,7 +150,8 @@ void check_data_paths(const Config& cfg) {
 
 std::vector<bool> validation_mask(int64_t n, double fraction) {
   std::vector<bool> mask(static_cast<size_t>(n), false);
-  const int64_t k = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(fraction * n)));
+  // At least one record stays for training: a one-record corpus gets no validation split.
+  const int64_t k = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(fraction * n)));
   if (k <= 0) return mask;
   // The k records with the smallest hash of their index: spread out, and fixed for a given n.
   std::vector<std::pair<uint64_t, int64_t>> order;
@@ -200,7 +201,16 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
         if (!held_out[i]) texts.push_back(r.texts[i]);
       log.info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
       const Stopwatch training;
-      model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
+      try {
+        model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
+      } catch (const TokenizerError& e) {
+        // sentencepiece's words; the setting that decides it is ours.
+        throw TokenizerError(
+            "cannot train a tokenizer of model.vocab_size = " + std::to_string(vocab_size) +
+                " pieces on " + data.train + ": " + e.message(),
+            "a byte-fallback BPE needs at least 256 byte pieces, 3 specials "
+            "and the corpus's distinct characters: raise model.vocab_size");
+      }
       write_file_atomic(out.tokenizer_path, model_bytes);
       log.info("tokenizer trained in {:.2f} s -> {}", training.seconds(), out.tokenizer_path);
     }

@@ -34,7 +34,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
 void check_data_paths(const Config& cfg);
 
 // Which records of a corpus of n records are held out for validation: exactly
-// ceil(fraction * n) of them, spread over the corpus, the same for the same n.
+// ceil(fraction * n) of them (but never all: one record always stays for training), spread
+// over the corpus, the same for the same n.
 std::vector<bool> validation_mask(int64_t n, double fraction);
 
 }  // namespace minimind

@@ -38,6 +38,12 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
   torch::NoGradGuard no_grad;
   torch::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t max_positions = model->model->rope.cos.size(0);
+  if (static_cast<int64_t>(prompt_ids.size()) >= max_positions)
+    throw Error("the prompt has " + std::to_string(prompt_ids.size()) +
+                    " tokens (with <bos>), but the model reads at most "
+                    "model.max_position_embeddings = " +
+                    std::to_string(max_positions),
+                "shorten the prompt");
 
   std::vector<int64_t> seq = prompt_ids, out;
   KVCache cache;
@@ -54,6 +60,11 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
       next = logits.argmax().item<int64_t>();
     } else {
       torch::Tensor probs = torch::softmax(filter_logits(logits, seq, o), -1);
+      // An extreme temperature overflows the logits; say so instead of a torch backtrace.
+      if (!torch::isfinite(probs).all().item<bool>())
+        throw Error("sampling gave non-finite probabilities (temperature " +
+                        std::to_string(o.temperature) + ")",
+                    "use a temperature between 0.1 and 2, or --greedy");
       next = torch::multinomial(probs, 1, false, gen).item<int64_t>();
     }
     if (next == o.eos_id) break;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "minimind/error.h"
 #include "minimind/model/minimind_model.h"
 
 namespace minimind {
@@ -23,7 +24,10 @@ struct GenerateOptions {
 };
 
 // Continues prompt_ids ([bos] + prompt tokens); calls on_token(id) for each new token as it
-// is produced; stops at eos (not emitted) or after max_new_tokens. Returns the new ids.
+// is produced; stops at eos (not emitted), after max_new_tokens, or when the sequence
+// reaches max_position_embeddings. Returns the new ids. Throws Error for a prompt that
+// already fills the model's positions and for sampling settings that give non-finite
+// probabilities.
 std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int64_t>& prompt_ids,
                               const GenerateOptions& options,
                               const std::function<void(int64_t)>& on_token = {});

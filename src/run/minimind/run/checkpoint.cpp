@@ -217,22 +217,34 @@ TrainState read_checkpoint_state(const std::string& dir) {
     throw CheckpointError("checkpoint '" + dir + "' has an unreadable state.json (" + e.what() +
                           "); delete it to resume from the one before");
   }
-  const int version = j.value("format_version", -1);
+  const auto v = j.find("format_version");
+  const int version = v != j.end() && v->is_number_integer() ? v->get<int>() : -1;
   if (version != kCheckpointVersion)
     throw CheckpointError("checkpoint '" + dir + "' has format version " + std::to_string(version) +
                           "; this program reads version " + std::to_string(kCheckpointVersion) +
                           " (hint: its model.pth still loads with minimind-eval --checkpoint)");
   TrainState s;
-  s.step = j.at("step").get<int64_t>();
-  s.tokens = j.at("tokens").get<int64_t>();
+  const std::string file = (fs::path(dir) / "state.json").string();
+  auto field = [&](const char* key, auto& out, bool (nlohmann::json::*is_type)() const noexcept,
+                   const char* type) {
+    const auto it = j.find(key);
+    if (it == j.end() || !((*it).*is_type)())
+      throw CheckpointError(
+          "checkpoint state '" + file + "': field '" + key + "' is " +
+              (it == j.end() ? std::string("missing") : "not " + std::string(type)),
+          "the file was changed by hand; delete this checkpoint to resume from the one before");
+    out = it->get<std::decay_t<decltype(out)>>();
+  };
+  field("step", s.step, &nlohmann::json::is_number_integer, "an integer");
+  field("tokens", s.tokens, &nlohmann::json::is_number_integer, "an integer");
   if (j.contains("loader_rows")) {
-    s.loader_rows = j.at("loader_rows").get<int64_t>();
-  } else {
+    field("loader_rows", s.loader_rows, &nlohmann::json::is_number_integer, "an integer");
+  } else {  // written before positions were stored in rows
     s.loader_rows = -1;
-    s.loader_batches = j.at("loader_position").get<int64_t>();
+    field("loader_position", s.loader_batches, &nlohmann::json::is_number_integer, "an integer");
   }
-  s.elapsed_seconds = j.at("elapsed_seconds").get<double>();
-  s.config_yaml = j.at("config").get<std::string>();
+  field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
+  field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   return s;
 }
 

@@ -15,22 +15,24 @@ namespace fs = std::filesystem;
 namespace minimind {
 namespace {
 
-std::shared_ptr<spdlog::logger> make_run_logger(const std::string& run_dir, bool append, int rank) {
-  std::shared_ptr<spdlog::logger> log;
+// The run's log and, on rank 0, train.log alone (for the fatal error of a failed run).
+void make_run_loggers(TrainSession& s, const std::string& run_dir, bool append, int rank) {
   if (rank == 0) {
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        (fs::path(run_dir) / "train.log").string(), /*truncate=*/!append);
     std::vector<spdlog::sink_ptr> sinks = spdlog::default_logger()->sinks();
-    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
-        (fs::path(run_dir) / "train.log").string(), /*truncate=*/!append));
-    log = std::make_shared<spdlog::logger>("minimind", sinks.begin(), sinks.end());
+    sinks.push_back(file);
+    s.log = std::make_shared<spdlog::logger>("minimind", sinks.begin(), sinks.end());
+    s.file_log = std::make_shared<spdlog::logger>("minimind", file);
+    s.file_log->flush_on(spdlog::level::info);
   } else {
     // A sink of its own: a pattern set on a shared sink would change the main's console.
-    log = std::make_shared<spdlog::logger>("minimind",
-                                           std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
-    log->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
-    log->set_level(spdlog::level::warn);
+    s.log = std::make_shared<spdlog::logger>(
+        "minimind", std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+    s.log->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
+    s.log->set_level(spdlog::level::warn);
   }
-  log->flush_on(spdlog::level::info);
-  return log;
+  s.log->flush_on(spdlog::level::info);
 }
 
 // A resumed run must continue the same model; other changed settings are allowed (and
@@ -52,15 +54,10 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
-}  // namespace
-
-std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
-                                           bool resume, bool overwrite, Distributed& dist) {
-  auto s = std::make_unique<TrainSession>();
+void set_up(TrainSession& session, const Config& cfg, Distributed& dist) {
+  TrainSession* s = &session;
   const bool main_rank = dist.is_main();
-  check_data_paths(cfg);  // before --overwrite empties the run directory
-  s->run = open_run_directory(run_dir, resume, overwrite, dist);
-  s->log = make_run_logger(run_dir, resume, dist.rank());
+  const std::string& run_dir = s->run.path;
   spdlog::logger& log = *s->log;
 
   int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
@@ -75,12 +72,18 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
   // the cache. The run directory keeps its own copy of the tokenizer.
   std::optional<PreparedData> prepared;
-  if (main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, s->threads, log);
+  // A resumed run keeps its own tokenizer (its copy in the run directory), even when the
+  // corpus at data.train has changed since: its weights only know those token ids.
+  DataConfig data = cfg.data;
+  const fs::path own_tokenizer = fs::path(run_dir) / "tokenizer.model";
+  const bool keeps_tokenizer =
+      s->run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
+  if (keeps_tokenizer) data.tokenizer = own_tokenizer.string();
+  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s->threads, log);
   dist.barrier();
-  if (!main_rank) prepared = prepare_data(cfg.data, cfg.model.vocab_size, s->threads, log);
-  if (main_rank)
-    fs::copy_file(prepared->tokenizer_path, fs::path(run_dir) / "tokenizer.model",
-                  fs::copy_options::overwrite_existing);
+  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s->threads, log);
+  if (main_rank && !keeps_tokenizer)
+    fs::copy_file(prepared->tokenizer_path, own_tokenizer, fs::copy_options::overwrite_existing);
   s->train_tokens = TokenFile::open(prepared->train_path);
   if (!prepared->val_path.empty() && prepared->val_docs > 0)
     s->val_tokens = TokenFile::open(prepared->val_path);
@@ -134,7 +137,27 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
       n.total / 1e6, n.active / 1e6, s->threads,
       dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
       blas.gflops);
+}
+
+}  // namespace
+
+std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
+                                           bool resume, bool overwrite, Distributed& dist) {
+  auto s = std::make_unique<TrainSession>();
+  check_data_paths(cfg);  // before --overwrite empties the run directory
+  s->run = open_run_directory(run_dir, resume, overwrite, dist);
+  make_run_loggers(*s, run_dir, resume, dist.rank());
+  try {
+    set_up(*s, cfg, dist);
+  } catch (const std::exception& e) {
+    log_failure(*s, e);
+    throw;
+  }
   return s;
+}
+
+void log_failure(const TrainSession& s, const std::exception& e) {
+  if (s.file_log) s.file_log->error("{}", e.what());
 }
 
 }  // namespace minimind

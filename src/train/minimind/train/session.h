@@ -23,6 +23,9 @@ struct TrainSession {
   // The run's log: the default logger's sinks (the console the main set up) plus
   // run_dir/train.log on rank 0; other ranks print warnings only, tagged with their rank.
   std::shared_ptr<spdlog::logger> log;
+  // run_dir/train.log alone (rank 0; null elsewhere): the fatal error of a failed run goes
+  // here, while the main prints it on the console.
+  std::shared_ptr<spdlog::logger> file_log;
   int threads = 1;
   TokenFile train_tokens;
   std::optional<TokenFile> val_tokens;  // none when there is no validation split
@@ -39,5 +42,8 @@ struct TrainSession {
 // every rank rank 0's weights. Not movable: the sampler refers to train_tokens.
 std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
                                            bool resume, bool overwrite, Distributed& dist);
+
+// Writes a run's fatal error to its train.log (the console gets it from the main).
+void log_failure(const TrainSession& s, const std::exception& e);
 
 }  // namespace minimind

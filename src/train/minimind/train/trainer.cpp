@@ -43,15 +43,11 @@ StopDecision agree_to_stop(const TrainOptions& o, int64_t step, MiniMindForCausa
   return {flags[0].item<int>() != 0 || signal != 0, signal};
 }
 
-}  // namespace
-
-TrainResult train(const Config& cfg, const TrainOptions& options) {
-  Distributed single;  // a world of one when no ranks were given
-  Distributed& dist = options.dist ? *options.dist : single;
+// MiniMind's loop over the session, with the observers that watch it.
+TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& options,
+                     Distributed& dist) {
   const bool main_rank = dist.is_main();
-  const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
-  std::unique_ptr<TrainSession> s =
-      open_session(cfg, run_dir, options.resume, options.overwrite, dist);
+  const std::string& run_dir = s->run.path;
   TrainState& state = s->state;
   const TrainConfig& tc = cfg.train;
 
@@ -127,6 +123,22 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   bus.on_end(result);
   dist.barrier();  // the last checkpoint is written before any rank reports success
   return result;
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const TrainOptions& options) {
+  Distributed single;  // a world of one when no ranks were given
+  Distributed& dist = options.dist ? *options.dist : single;
+  const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
+  std::unique_ptr<TrainSession> s =
+      open_session(cfg, run_dir, options.resume, options.overwrite, dist);
+  try {
+    return run_loop(s.get(), cfg, options, dist);
+  } catch (const std::exception& e) {
+    log_failure(*s, e);  // train.log keeps the reason a run ended
+    throw;
+  }
 }
 
 }  // namespace minimind
