@@ -228,3 +228,21 @@ TEST(ConfigFile, AnEmptyFileIsRefusedUnlessTheRunIsNamed) {
   EXPECT_NE(msg.find("hint: start from a preset"), std::string::npos) << msg;
   EXPECT_EQ(load_config(path, {"run.name=defaults"}).config.model.hidden_size, 768);
 }
+
+// A run's config.yaml is read by users' Python notebooks too: PyYAML (YAML 1.1) must see the
+// same numbers, e.g. rms_norm_eps 1.0e-06 rather than the string "1e-06".
+TEST(ConfigRoundTrip, PythonYamlReadsTheSameValues) {
+  Config cfg = load_config(test::source_path("configs/moe.yaml"), {"train.eps=1e-8"}).config;
+  const std::string dir = test::temp_dir("pyyaml");
+  test::write_text(dir + "/config.yaml", config_to_yaml(cfg));
+  const std::string check = std::string(MINIMIND_PYTHON) +
+                            " -c \"import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); "
+                            "sys.exit(0 if d['model']['rms_norm_eps'] == 1e-06 and "
+                            "d['train']['eps'] == 1e-08 and d['model']['rope_theta'] == 1e6 and "
+                            "all(not isinstance(v, str) or k in ('name', 'hidden_act', 'train', "
+                            "'val', 'tokenizer', 'mode', 'cache_dir') for s in d.values() for "
+                            "k, v in s.items()) else 1)\" " +
+                            dir + "/config.yaml";
+  EXPECT_EQ(std::system(check.c_str()), 0) << config_to_yaml(cfg);
+  EXPECT_EQ(config_to_yaml(load_config_string(config_to_yaml(cfg), "back")), config_to_yaml(cfg));
+}

@@ -817,6 +817,37 @@ TEST(Trainer, ResumeKeepsTheRunsTokenizerWhenTheCorpusChanged) {
   EXPECT_EQ(read_text(options.out_dir + "/tokenizer.model"), tokenizer);
 }
 
+// A run stopped in the middle of a log interval and resumed logs what the uninterrupted run
+// logged: the interval's means and the collapse watcher's streaks are in the checkpoint.
+TEST(Trainer, ResumeMidIntervalLogsTheSameMonitoring) {
+  const std::string dir = temp_dir("resumelogs");
+  const Config cfg = tiny_config(dir, {"log.interval=2", "log.collapse_max_share=0.0",
+                                       "log.collapse_patience=3", "train.checkpoint_interval=100"});
+  TrainOptions whole;
+  whole.out_dir = dir + "/whole";
+  train(cfg, whole);
+  TrainOptions split;
+  split.out_dir = dir + "/split";
+  split.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 5; };
+  train(cfg, split);
+  split.resume = true;
+  split.after_step = {};
+  train(cfg, split);
+  const RunLogs a = read_run_logs(whole.out_dir), b = read_run_logs(split.out_dir);
+  ASSERT_EQ(a.train.size(), 4u);
+  ASSERT_EQ(b.train.size(), a.train.size());
+  for (size_t i = 0; i < a.train.size(); ++i) {
+    EXPECT_EQ(b.train[i].step, a.train[i].step);
+    EXPECT_EQ(b.train[i].loss, a.train[i].loss) << "step " << a.train[i].step;
+    EXPECT_EQ(b.train[i].grad_norm, a.train[i].grad_norm) << "step " << a.train[i].step;
+  }
+  ASSERT_EQ(a.collapses.size(), 2u);  // both layers, at step 6 (intervals 2, 4, 6)
+  ASSERT_EQ(b.collapses.size(), a.collapses.size());
+  for (size_t i = 0; i < a.collapses.size(); ++i) {
+    EXPECT_EQ(nlohmann::json(b.collapses[i]), nlohmann::json(a.collapses[i]));
+  }
+}
+
 // Golden losses: 12 steps of the shipped configs/moe.yaml, one thread, fixed seed, written
 // by the binary before the structure change (tests/golden/moe_12_steps.txt). Every value is
 // compared exactly, so any change to numerics fails here, naming the first step that moved.

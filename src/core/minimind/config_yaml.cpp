@@ -233,9 +233,12 @@ std::string config_to_yaml(const Config& cfg_in) {
       else
         out << YAML::Null;
     } else if (auto* p = std::get_if<double*>(&ref)) {
-      // Shortest text that reads back to the same double; always with a '.' or 'e'.
+      // Shortest text that reads back to the same double, written as a YAML 1.1 float too
+      // (a '.' in the mantissa: PyYAML reads "1e-06" as a string, "1.0e-06" as a number).
       std::string s = fmt::format("{}", **p);
-      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      const size_t e = s.find_first_of("eE");
+      const size_t mantissa_end = e == std::string::npos ? s.size() : e;
+      if (s.find_first_of(".n") == std::string::npos) s.insert(mantissa_end, ".0");
       out << s;
     } else if (auto* p = std::get_if<bool*>(&ref)) {
       out << (**p ? "true" : "false");

@@ -168,7 +168,8 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                               {"tokens", state.tokens},
                               {"loader_rows", state.loader_rows},
                               {"elapsed_seconds", state.elapsed_seconds},
-                              {"config", state.config_yaml}};
+                              {"config", state.config_yaml},
+                              {"monitor", state.monitor}};
     write("state.json", j.dump(2) + "\n");
     sync_path(tmp);
   } catch (const std::exception& e) {
@@ -245,6 +246,7 @@ TrainState read_checkpoint_state(const std::string& dir) {
   }
   field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
+  if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -29,6 +30,10 @@ struct TrainState {
   int64_t loader_batches = -1;
   double elapsed_seconds = 0;  // training time so far
   std::string config_yaml;     // the resolved config of the run
+  // The monitors' state (a log interval's partial sums, collapse streaks), so that a resumed
+  // run logs what an uninterrupted one would. An object keyed by monitor; null when a
+  // checkpoint predates it (the monitors then start afresh).
+  nlohmann::json monitor;
 };
 
 // One owner per run directory: an advisory lock (flock) on run_dir/.lock, held while the

@@ -32,6 +32,20 @@ std::optional<CollapseRecord> CollapseDetector::observe(int64_t layer, int64_t s
   return ev;
 }
 
+nlohmann::json CollapseDetector::state() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerState& s : layers_)
+    layers.push_back({{"streak", s.streak}, {"since", s.since}, {"fired", s.fired}});
+  return layers;
+}
+
+void CollapseDetector::set_state(const nlohmann::json& layers) {
+  layers_.clear();
+  for (const auto& l : layers)
+    layers_.push_back(
+        {l.at("streak").get<int64_t>(), l.at("since").get<int64_t>(), l.at("fired").get<bool>()});
+}
+
 void CollapseWatcher::on_interval(const IntervalInfo& i) {
   for (size_t l = 0; l < i.counts.layers.size(); ++l)
     if (auto ev = detector_.observe(static_cast<int64_t>(l), i.record.step,

@@ -23,6 +23,8 @@ class CollapseDetector {
  public:
   explicit CollapseDetector(CollapseThresholds t) : t_(t) {}
   std::optional<CollapseRecord> observe(int64_t layer, int64_t step, const RoutingMetrics& m);
+  nlohmann::json state() const;  // per layer: streak, since, fired
+  void set_state(const nlohmann::json& layers);
 
  private:
   struct LayerState {
@@ -38,6 +40,11 @@ class CollapseWatcher : public Observer {
  public:
   CollapseWatcher(CollapseThresholds t, Observer& out) : detector_(t), out_(out) {}
   void on_interval(const IntervalInfo& i) override;
+  // Streaks a checkpoint cut in two ("collapse" in state.json).
+  void save_state(nlohmann::json& into) const override { into["collapse"] = detector_.state(); }
+  void restore_state(const nlohmann::json& from) override {
+    if (const auto it = from.find("collapse"); it != from.end()) detector_.set_state(*it);
+  }
 
  private:
   CollapseDetector detector_;

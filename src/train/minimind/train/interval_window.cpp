@@ -31,4 +31,20 @@ void IntervalWindow::on_step(const StepInfo& s) {
   out_.on_interval(info);
 }
 
+void IntervalWindow::save_state(nlohmann::json& into) const {
+  into["interval"] = {{"loss", loss_},           {"lm_loss", lm_},          {"aux_loss", aux_},
+                      {"grad_norm", grad_norm_}, {"comm_seconds", comm_},   {"steps", steps_},
+                      {"tokens", tokens_},       {"counts", counts_.layers}};
+}
+
+void IntervalWindow::restore_state(const nlohmann::json& from) {
+  const auto it = from.find("interval");
+  if (it == from.end()) return;
+  const nlohmann::json& w = *it;
+  loss_ = w.at("loss"), lm_ = w.at("lm_loss"), aux_ = w.at("aux_loss");
+  grad_norm_ = w.at("grad_norm"), comm_ = w.at("comm_seconds");
+  steps_ = w.at("steps"), tokens_ = w.at("tokens");
+  counts_.layers = w.at("counts").get<std::vector<std::vector<int64_t>>>();
+}
+
 }  // namespace minimind

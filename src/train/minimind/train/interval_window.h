@@ -15,6 +15,9 @@ class IntervalWindow : public Observer {
   void on_step(const StepInfo& s) override;
   // Evaluation time is not training throughput.
   void on_eval(const EvalInfo&) override { clock_.restart(); }
+  // The sums of an interval a checkpoint cut in two ("interval" in state.json).
+  void save_state(nlohmann::json& into) const override;
+  void restore_state(const nlohmann::json& from) override;
 
  private:
   int64_t interval_;

@@ -86,6 +86,10 @@ class Observer {
   virtual void on_step_end(const StepInfo&, bool /*last*/) {}
   virtual void on_checkpoint(const CheckpointInfo&) {}
   virtual void on_end(const TrainResult&) {}
+  // State that must survive a resume for the run to log what an uninterrupted one would
+  // (saved in each checkpoint); a monitor without such state keeps the defaults.
+  virtual void save_state(nlohmann::json& /*into*/) const {}
+  virtual void restore_state(const nlohmann::json& /*from*/) {}
 };
 
 // Passes every notification on to its observers, in the order they were added.
@@ -102,6 +106,12 @@ class Observers : public Observer {
   }
   void on_checkpoint(const CheckpointInfo& x) override { each(&Observer::on_checkpoint, x); }
   void on_end(const TrainResult& x) override { each(&Observer::on_end, x); }
+  void save_state(nlohmann::json& into) const override {
+    for (const Observer* o : list_) o->save_state(into);
+  }
+  void restore_state(const nlohmann::json& from) override {
+    for (Observer* o : list_) o->restore_state(from);
+  }
 
  private:
   template <class Event>

@@ -75,6 +75,16 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
   for (Observer* o : options.observers) bus.add(*o);
 
+  if (s->run.checkpoint && state.monitor.is_object()) {
+    try {
+      bus.restore_state(state.monitor);
+    } catch (const nlohmann::json::exception& e) {
+      throw CheckpointError(
+          "checkpoint '" + *s->run.checkpoint + "': unreadable monitor state (" + e.what() + ")",
+          "delete this checkpoint to resume from the one before");
+    }
+  }
+
   TrainResult result;
   result.run_dir = run_dir;
   result.start_step = state.step, result.start_tokens = state.tokens;
