@@ -290,6 +290,15 @@ TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("stopped at model.max_position_embeddings = 128"), std::string::npos)
       << full.err;
+  // Directories where files belong are named, not read.
+  Command dir_data = run("--checkpoint " + ckpt() + " --data " + *dir_ + " --max-docs 3");
+  EXPECT_EQ(dir_data.status, 1);
+  EXPECT_NE(dir_data.err.find("is a directory, not a JSONL file"), std::string::npos)
+      << dir_data.err;
+  Command dir_tok = run("--checkpoint " + ckpt() + " --tokenizer " + *dir_ + " --prompt Emma");
+  EXPECT_EQ(dir_tok.status, 1);
+  EXPECT_NE(dir_tok.err.find("is a directory, not a .model file"), std::string::npos)
+      << dir_tok.err;
   // A temperature so small that the logits overflow: an error, not a torch backtrace.
   Command cold = run("--checkpoint " + ckpt() + " --temperature 1e-300 --prompt Emma");
   EXPECT_EQ(cold.status, 1);

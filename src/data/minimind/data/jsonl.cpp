@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,8 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
                         spdlog::logger& log) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot read corpus '" + path + "' (missing file?)");
+  if (std::filesystem::is_directory(path))
+    throw DataError("corpus '" + path + "' is a directory, not a JSONL file");
   CorpusStats stats;
   int warned = 0;
   auto skip = [&](int64_t line, const std::string& reason) {

@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -95,6 +96,8 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
 Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
+  if (std::filesystem::is_directory(path))
+    throw TokenizerError("tokenizer model '" + path + "' is a directory, not a .model file");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return from_bytes(std::move(bytes), path);
 }
