@@ -6,8 +6,9 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake pkg-config ninja-build
-  # the test suite checks the tree against .clang-format
-  clang-format
+  # the test suite checks the tree against .clang-format; scripts/fuzz.sh builds with clang's
+  # libFuzzer and sanitizers
+  clang-format clang libclang-rt-14-dev
   # C++ libraries
   libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev

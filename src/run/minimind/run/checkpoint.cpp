@@ -210,22 +210,25 @@ TrainState read_checkpoint_state(const std::string& dir) {
       throw CheckpointError("checkpoint '" + dir + "' is incomplete (no " + f +
                             "); delete it to resume from the one before");
   }
-  nlohmann::json j;
-  try {
-    std::ifstream in(fs::path(dir) / "state.json");
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw CheckpointError("checkpoint '" + dir + "' has an unreadable state.json (" + e.what() +
-                          "); delete it to resume from the one before");
-  }
+  const std::string file = (fs::path(dir) / "state.json").string();
+  std::ifstream in(file, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_checkpoint_state(text, file);
+}
+
+TrainState parse_checkpoint_state(const std::string& text, const std::string& file) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw CheckpointError("checkpoint state '" + file + "' is not a JSON object",
+                          "delete this checkpoint to resume from the one before");
   const auto v = j.find("format_version");
-  const int version = v != j.end() && v->is_number_integer() ? v->get<int>() : -1;
+  const int64_t version = v != j.end() && v->is_number_integer() ? v->get<int64_t>() : int64_t{-1};
   if (version != kCheckpointVersion)
-    throw CheckpointError("checkpoint '" + dir + "' has format version " + std::to_string(version) +
-                          "; this program reads version " + std::to_string(kCheckpointVersion) +
+    throw CheckpointError("checkpoint state '" + file + "' has format version " +
+                          std::to_string(version) + "; this program reads version " +
+                          std::to_string(kCheckpointVersion) +
                           " (hint: its model.pth still loads with minimind-eval --checkpoint)");
   TrainState s;
-  const std::string file = (fs::path(dir) / "state.json").string();
   auto field = [&](const char* key, auto& out, bool (nlohmann::json::*is_type)() const noexcept,
                    const char* type) {
     const auto it = j.find(key);
@@ -247,6 +250,10 @@ TrainState read_checkpoint_state(const std::string& dir) {
   field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
+  if (s.step < 0 || s.tokens < 0 || s.loader_rows < -1 || !(s.elapsed_seconds >= 0))
+    throw CheckpointError("checkpoint state '" + file + "' holds a negative count",
+                          "the file was changed by hand; delete this checkpoint to resume from "
+                          "the one before");
   return s;
 }
 

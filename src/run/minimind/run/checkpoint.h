@@ -79,6 +79,9 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
 // Reads state.json only (to check the config before building anything).
 TrainState read_checkpoint_state(const std::string& checkpoint_dir);
+// The same from the text of a state.json (`file` names it in errors); CheckpointError for
+// anything that is not a state of this format version.
+TrainState parse_checkpoint_state(const std::string& text, const std::string& file);
 
 // Restores weights, optimizer and torch's RNG; returns the state. Refuses incomplete or
 // other-version checkpoints with a hint.

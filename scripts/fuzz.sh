@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, with AddressSanitizer and UndefinedBehaviorSanitizer)
+# into build-fuzz/ and runs each on its seed corpus:
+#   bash scripts/fuzz.sh [RUNS [SECONDS]]   each target until RUNS executions (default 1000000)
+#                                           or SECONDS (default 600), whichever comes first
+# New inputs found are kept in build-fuzz/corpus/<target>/; a crash stops with the input
+# saved as build-fuzz/crash-* and a non-zero exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-1000000}
+SECONDS_PER_TARGET=${2:-600}
+bash scripts/install-deps.sh
+FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+if [ ! -f build-fuzz/build.ninja ]; then
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMINIMIND_BUILD_TESTS=OFF -DMINIMIND_BUILD_FUZZERS=ON -DCMAKE_CXX_FLAGS="$FLAGS"
+fi
+TARGETS=(config corpus token_file state_json weights run_log)
+cmake --build build-fuzz -j "${JOBS:-$(nproc)}" --target "${TARGETS[@]/#/fuzz_}"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TMPDIR=${TMPDIR:-/dev/shm}
+cd build-fuzz
+for t in "${TARGETS[@]}"; do
+  mkdir -p "corpus/$t"
+  echo "fuzz_$t: up to $RUNS runs or $SECONDS_PER_TARGET s"
+  "./tests/fuzz/fuzz_$t" -runs="$RUNS" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
+    -print_final_stats=1 "corpus/$t" "../tests/fuzz/seeds/$t" 2>&1 |
+    grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)|ERROR|SUMMARY|==[0-9]+==" || true
+  test "${PIPESTATUS[0]}" -eq 0 || { echo "fuzz_$t FAILED" >&2; exit 1; }
+done
