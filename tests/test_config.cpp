@@ -246,3 +246,14 @@ TEST(ConfigRoundTrip, PythonYamlReadsTheSameValues) {
   EXPECT_EQ(std::system(check.c_str()), 0) << config_to_yaml(cfg);
   EXPECT_EQ(config_to_yaml(load_config_string(config_to_yaml(cfg), "back")), config_to_yaml(cfg));
 }
+
+// Found by fuzz_config: a key that is not a plain word (here a null key, "? # comment")
+// threw yaml-cpp's bad conversion instead of a config error.
+TEST(ConfigErrors, KeysThatAreNotWordsAreConfigErrors) {
+  std::string msg = test::error_of<ConfigError>([] {
+    load_config_string("model:\n  hidden_size: 64\n  ? # a comment\n  use_moe: false\n", "k.yaml");
+  });
+  EXPECT_NE(msg.find("a key of section 'model' must be a plain word"), std::string::npos) << msg;
+  msg = test::error_of<ConfigError>([] { load_config_string("[run, model]: 1\n", "k.yaml"); });
+  EXPECT_NE(msg.find("a section name must be a plain word"), std::string::npos) << msg;
+}

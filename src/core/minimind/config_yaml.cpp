@@ -104,6 +104,10 @@ void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) 
                       "train, log)");
   std::map<std::string, int> seen_sections;
   for (const auto& sec : root) {
+    // A key that is not a plain word (a list or a mapping used as a key) names nothing.
+    if (!sec.first.IsScalar())
+      throw ConfigError("config error: " + where(source, sec.first) +
+                        ": a section name must be a plain word (run, model, data, train, log)");
     const std::string name = sec.first.as<std::string>();
     if (!is_section(name))
       throw ConfigError("config error: unknown section '" + name + "' (" +
@@ -117,6 +121,10 @@ void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) 
                         ") must be a mapping of keys");
     std::map<std::string, int> seen_keys;
     for (const auto& kv : sec.second) {
+      if (!kv.first.IsScalar())
+        throw ConfigError("config error: " + where(source, kv.first) + ": a key of section '" +
+                          name + "' must be a plain word; keys of '" + name +
+                          "' are: " + keys_of(name));
       const std::string key = kv.first.as<std::string>();
       const Field* field = find_field(name, key);
       if (!field)
