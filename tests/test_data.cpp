@@ -48,6 +48,16 @@ std::vector<std::string> texts_of(const std::string& path) {
   return texts;
 }
 
+// A DataConfig over `corpus`, written to dir/name, with its cache in dir/cache.
+DataConfig corpus_config(const std::string& dir, const std::string& name,
+                         const std::string& corpus) {
+  write_text(dir + "/" + name, corpus);
+  DataConfig d;
+  d.train = dir + "/" + name;
+  d.cache_dir = dir + "/cache";
+  return d;
+}
+
 // One tokenizer for the suite (training takes ~0.5 s).
 class TokenizerTest : public testing::Test {
  protected:
@@ -366,10 +376,7 @@ TEST(Prepare, ValidationMaskIsExactAndStable) {
 
 TEST(Prepare, CacheHitsOnSameContentAndMissesOnChange) {
   const std::string dir = temp_dir("prep");
-  write_text(dir + "/a.jsonl", sample_corpus(200));
-  DataConfig d;
-  d.train = dir + "/a.jsonl";
-  d.cache_dir = dir + "/cache";
+  DataConfig d = corpus_config(dir, "a.jsonl", sample_corpus(200));
   d.val_fraction = 0.05;
   PreparedData first = prepare_data(d, 800, 2);
   EXPECT_FALSE(first.tokenizer_cached);
@@ -423,10 +430,7 @@ TEST(Prepare, CacheHitsOnSameContentAndMissesOnChange) {
 
 TEST(Prepare, GivenTokenizerMustMatchVocabSize) {
   const std::string dir = temp_dir("prepvocab");
-  write_text(dir + "/a.jsonl", sample_corpus(100));
-  DataConfig d;
-  d.train = dir + "/a.jsonl";
-  d.cache_dir = dir + "/cache";
+  DataConfig d = corpus_config(dir, "a.jsonl", sample_corpus(100));
   PreparedData p = prepare_data(d, 700, 2);
   d.tokenizer = p.tokenizer_path;
   EXPECT_TRUE(prepare_data(d, 700, 2).tokenizer_cached);
@@ -453,10 +457,7 @@ TEST(Prepare, SeparateValidationFile) {
 
 TEST(Prepare, StrictRefusesBadLinesEvenWhenTokensAreCached) {
   const std::string dir = temp_dir("prepstrict");
-  write_text(dir + "/a.jsonl", sample_corpus(100) + "{broken\n");
-  DataConfig d;
-  d.train = dir + "/a.jsonl";
-  d.cache_dir = dir + "/cache";
+  DataConfig d = corpus_config(dir, "a.jsonl", sample_corpus(100) + "{broken\n");
   EXPECT_FALSE(prepare_data(d, 700, 2).tokens_cached);  // not strict: the line is skipped
   d.strict = true;
   const std::string msg = test::error_of<DataError>([&] { prepare_data(d, 700, 2); });
@@ -486,10 +487,8 @@ TEST(Prepare, OneRecordStaysForTraining) {
   const std::vector<bool> two = validation_mask(2, 0.9);
   EXPECT_EQ(std::count(two.begin(), two.end(), true), 1);
   const std::string dir = temp_dir("prepone");
-  write_text(dir + "/one.jsonl", jsonl_line(test::read_text(test::source_path("data/README.md"))));
-  DataConfig d;
-  d.train = dir + "/one.jsonl";
-  d.cache_dir = dir + "/cache";
+  DataConfig d = corpus_config(dir, "one.jsonl",
+                               jsonl_line(test::read_text(test::source_path("data/README.md"))));
   const PreparedData p = prepare_data(d, 700, 1);
   EXPECT_EQ(p.train_docs, 1u);
   EXPECT_EQ(p.val_docs, 0u);
@@ -497,10 +496,7 @@ TEST(Prepare, OneRecordStaysForTraining) {
 
 TEST(Prepare, TooSmallAVocabularyNamesTheKey) {
   const std::string dir = temp_dir("prepsmallvocab");
-  write_text(dir + "/a.jsonl", sample_corpus(50));
-  DataConfig d;
-  d.train = dir + "/a.jsonl";
-  d.cache_dir = dir + "/cache";
+  DataConfig d = corpus_config(dir, "a.jsonl", sample_corpus(50));
   const std::string msg = test::error_of<TokenizerError>([&] { prepare_data(d, 100, 1); });
   EXPECT_NE(msg.find("model.vocab_size = 100"), std::string::npos) << msg;
   EXPECT_NE(msg.find("hint: a byte-fallback BPE needs at least 256"), std::string::npos) << msg;
