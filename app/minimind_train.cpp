@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
-#include <cstring>
 #include <ctime>
 
 #include "command_line.h"

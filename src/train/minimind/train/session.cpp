@@ -54,20 +54,19 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
-void set_up(TrainSession& session, const Config& cfg, Distributed& dist) {
-  TrainSession* s = &session;
+void set_up(TrainSession& s, const Config& cfg, Distributed& dist) {
   const bool main_rank = dist.is_main();
-  const std::string& run_dir = s->run.path;
-  spdlog::logger& log = *s->log;
+  const std::string& run_dir = s.run.path;
+  spdlog::logger& log = *s.log;
+  const std::string config_yaml = config_to_yaml(cfg);  // config.yaml and every checkpoint
 
   int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
-  if (s->run.checkpoint) {
-    const TrainState saved = read_checkpoint_state(*s->run.checkpoint);
-    saved_batch_size = check_resumed_config(cfg, saved, *s->run.checkpoint, run_dir, log);
+  if (s.run.checkpoint) {
+    const TrainState saved = read_checkpoint_state(*s.run.checkpoint);
+    saved_batch_size = check_resumed_config(cfg, saved, *s.run.checkpoint, run_dir, log);
   }
-  if (main_rank)
-    write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
-  s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
+  if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
+  s.threads = use_threads(cfg.run.threads, dist.env().local_world_size);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
   // the cache. The run directory keeps its own copy of the tokenizer.
@@ -77,22 +76,22 @@ void set_up(TrainSession& session, const Config& cfg, Distributed& dist) {
   DataConfig data = cfg.data;
   const fs::path own_tokenizer = fs::path(run_dir) / "tokenizer.model";
   const bool keeps_tokenizer =
-      s->run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
+      s.run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
   if (keeps_tokenizer) data.tokenizer = own_tokenizer.string();
-  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s->threads, log);
+  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log);
   dist.barrier();
-  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s->threads, log);
+  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log);
   if (main_rank && !keeps_tokenizer)
     fs::copy_file(prepared->tokenizer_path, own_tokenizer, fs::copy_options::overwrite_existing);
-  s->train_tokens = TokenFile::open(prepared->train_path);
+  s.train_tokens = TokenFile::open(prepared->train_path);
   if (!prepared->val_path.empty() && prepared->val_docs > 0)
-    s->val_tokens = TokenFile::open(prepared->val_path);
+    s.val_tokens = TokenFile::open(prepared->val_path);
   else
     log.warn("no validation split (data.val empty and data.val_fraction 0): no evaluation");
   // Rank r draws global batches r, r + world, ...: a global batch of world x batch_size
   // rows per micro-step, the same rows for any split of them over ranks.
-  s->sampler.emplace(s->train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
-                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
+  s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
+                    static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
   const BlasReport blas = check_blas();
   if (!blas.ok)
@@ -105,28 +104,28 @@ void set_up(TrainSession& session, const Config& cfg, Distributed& dist) {
   // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
   // (torch's default generator, whose state the checkpoints carry).
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-  s->model = MiniMindForCausalLM(cfg.model);
-  init_weights(s->model);
-  s->optimizer = make_optimizer(s->model->parameters(), cfg.train);
-  s->state.config_yaml = config_to_yaml(cfg);
-  if (s->run.checkpoint) {
-    s->state = load_checkpoint(*s->run.checkpoint, s->model, *s->optimizer);
-    s->state.config_yaml = config_to_yaml(cfg);
+  s.model = MiniMindForCausalLM(cfg.model);
+  init_weights(s.model);
+  s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
+  s.state.config_yaml = config_yaml;
+  if (s.run.checkpoint) {
+    s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
+    s.state.config_yaml = config_yaml;
     // The position is stored in rows of the global stream: continue at the first row not
     // yet drawn, whatever the rank count and batch size now.
     const int64_t rows_per_batch = cfg.train.batch_size * dist.world_size();
-    const int64_t rows = s->state.loader_rows >= 0 ? s->state.loader_rows
-                                                   : s->state.loader_batches * saved_batch_size;
+    const int64_t rows =
+        s.state.loader_rows >= 0 ? s.state.loader_rows : s.state.loader_batches * saved_batch_size;
     if (rows % rows_per_batch != 0)
       log.warn(
           "the checkpoint's data position ({} rows) is not a multiple of {} rows per "
           "micro-step; {} rows are skipped",
           rows, rows_per_batch, rows_per_batch - rows % rows_per_batch);
-    s->sampler->set_position((rows + rows_per_batch - 1) / rows_per_batch);
+    s.sampler->set_position((rows + rows_per_batch - 1) / rows_per_batch);
   }
-  dist.broadcast_from_main(s->model->parameters());  // every rank starts from rank 0's weights
+  dist.broadcast_from_main(s.model->parameters());  // every rank starts from rank 0's weights
 
-  const ParamCount n = count_parameters(s->model);
+  const ParamCount n = count_parameters(s.model);
   const ModelConfig& m = cfg.model;
   log.info(
       "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
@@ -134,7 +133,7 @@ void set_up(TrainSession& session, const Config& cfg, Distributed& dist) {
       m.num_hidden_layers, m.hidden_size,
       m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                 : std::string("dense"),
-      n.total / 1e6, n.active / 1e6, s->threads,
+      n.total / 1e6, n.active / 1e6, s.threads,
       dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
       blas.gflops);
 }
