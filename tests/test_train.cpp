@@ -467,6 +467,78 @@ TEST(Checkpoint, IncompleteAndWrongVersionAreRefusedWithHint) {
   }
 }
 
+// Every parameter's AdamW state (step, both moments) as name -> tensor, for comparisons.
+std::map<std::string, torch::Tensor> adamw_state(torch::optim::AdamW& opt) {
+  std::map<std::string, torch::Tensor> out;
+  const auto& params = opt.param_groups()[0].params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = opt.state().find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+    if (it == opt.state().end()) continue;
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    out[std::to_string(i) + ".step"] = torch::tensor(st.step());
+    out[std::to_string(i) + ".exp_avg"] = st.exp_avg();
+    out[std::to_string(i) + ".exp_avg_sq"] = st.exp_avg_sq();
+  }
+  return out;
+}
+
+void expect_same_state(const std::map<std::string, torch::Tensor>& a,
+                       const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+  }
+}
+
+// optimizer.pt is a plain {name: tensor} pickle (format 2) read by the bounds-checked reader;
+// format 1 files (torch::save of the optimizer) still load; a damaged file changes nothing.
+TEST(Checkpoint, OptimizerStateRoundTripsInBothFormats) {
+  CheckpointSetup c("ckoptim");
+  auto& [dir, cfg, model, opt, s] = c;
+  for (int i = 0; i < 2; ++i) {
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::randn_like(p);
+    opt->step();
+  }
+  const auto trained = adamw_state(*opt);
+  ASSERT_EQ(trained.size(), 3 * model->parameters().size());
+  s.step = 2;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  EXPECT_EQ(read_tensor_dict(path + "/optimizer.pt").size(), trained.size());
+
+  MiniMindForCausalLM fresh(cfg.model);
+  auto opt2 = make_optimizer(fresh->parameters(), cfg.train);
+  EXPECT_EQ(load_checkpoint(path, fresh, *opt2).format_version, 2);
+  expect_same_state(adamw_state(*opt2), trained);
+
+  // A checkpoint written by the format-1 trainer.
+  torch::save(*opt, path + "/optimizer.pt");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path + "/state.json"));
+  j["format_version"] = 1;
+  std::ofstream(path + "/state.json") << j.dump();
+  auto opt3 = make_optimizer(fresh->parameters(), cfg.train);
+  EXPECT_EQ(load_checkpoint(path, fresh, *opt3).format_version, 1);
+  expect_same_state(adamw_state(*opt3), trained);
+
+  // Format 2 with one moment of the wrong shape: an error naming the entry, state untouched.
+  j["format_version"] = 2;
+  std::ofstream(path + "/state.json") << j.dump();
+  c10::Dict<std::string, torch::Tensor> bad;
+  bad.insert("0.step", torch::tensor(int64_t{2}));
+  bad.insert("0.exp_avg", torch::zeros({3}));
+  bad.insert("0.exp_avg_sq", torch::zeros({3}));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(bad));
+  std::ofstream(path + "/optimizer.pt", std::ios::binary).write(bytes.data(), bytes.size());
+  try {
+    load_checkpoint(path, fresh, *opt3);
+    FAIL();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("entry '0.exp_avg' has shape [3]"), std::string::npos)
+        << e.what();
+  }
+  expect_same_state(adamw_state(*opt3), trained);
+}
+
 TEST(Checkpoint, DataPositionInRowsAndOlderBatchCounts) {
   CheckpointSetup c("ckrows");
   auto& [dir, cfg, model, opt, s] = c;

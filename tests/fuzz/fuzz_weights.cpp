@@ -1,17 +1,23 @@
-// The .pth / .pt readers (torch.save's zip + pickle format, read by LibTorch's unpickler) and
-// loading into a small model: weights or a WeightsError.
+// The .pth / .pt readers (torch.save's zip + pickle format, read by LibTorch's unpickler):
+// loading into a small model, as an optimizer state and as an RNG state (the three torch
+// files of a checkpoint): each succeeds or throws our error, never crashes.
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "fuzz_support.h"
 #include "minimind/config.h"
 #include "minimind/model/weights_io.h"
+#include "minimind/run/checkpoint.h"
+#include "minimind/run/optimizer_state.h"
 
 namespace {
 minimind::MiniMindForCausalLM* model = nullptr;
-}
+torch::optim::AdamW* optimizer = nullptr;
+}  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   minimind::fuzz::quiet_logs();
@@ -21,6 +27,18 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       "fuzz");
   minimind::validate_and_resolve(cfg);
   model = new minimind::MiniMindForCausalLM(cfg.model);
+  optimizer = new torch::optim::AdamW((*model)->parameters());
+  // MINIMIND_FUZZ_WRITE_SEED=FILE writes this optimizer's state after one step: the seed
+  // tests/fuzz/seeds/weights/optimizer.pt (a fitting state reaches the deepest checks).
+  if (const char* seed = std::getenv("MINIMIND_FUZZ_WRITE_SEED")) {
+    for (auto& p : (*model)->parameters()) p.mutable_grad() = torch::ones_like(p);
+    optimizer->step();
+    const std::vector<char> bytes = minimind::optimizer_state_bytes(*optimizer);
+    std::FILE* f = std::fopen(seed, "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    std::exit(0);
+  }
   return 0;
 }
 
@@ -33,6 +51,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     minimind::load_weights(*model, path);
   } catch (const minimind::WeightsError&) {
+  }
+  try {
+    minimind::load_optimizer_state(*optimizer, path, minimind::kCheckpointVersion);
+  } catch (const minimind::Error&) {  // WeightsError (no pickle) or CheckpointError
+  }
+  try {
+    minimind::restore_rng_state(path);
+  } catch (const minimind::Error&) {
   }
   return 0;
 }

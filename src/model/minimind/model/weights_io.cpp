@@ -1,6 +1,11 @@
 #include "minimind/model/weights_io.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -26,12 +31,39 @@ void save_weights(const MiniMindForCausalLM& model, const std::string& path, tor
   write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
 }
 
+namespace {
+
+// torch::pickle_load reads through LibTorch's VectorReader, which copies whatever range the
+// zip reader asks for without a bounds check: a damaged .pth whose central directory points
+// past the end makes it read (and crash on) foreign memory (found by fuzz_weights). This
+// adapter serves the same bytes but answers a read past the end with a short count, which
+// the zip reader reports as a corrupt archive.
+class BoundedBytes final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedBytes(std::vector<char> bytes) : bytes_(std::move(bytes)) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+}  // namespace
+
 c10::IValue read_pickle(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw WeightsError("cannot read '" + path + "' (missing file?)");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return torch::pickle_load(bytes);
+    // What torch::pickle_load does, with the bounds-checked reader above.
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedBytes>(std::move(bytes)));
+    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                             c10::nullopt, c10::nullopt, c10::nullopt, reader);
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "minimind/model/weights_io.h"
+#include "minimind/run/optimizer_state.h"
 #include "minimind/util/atomic_file.h"
 
 namespace fs = std::filesystem;
@@ -134,8 +135,7 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 }
 
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
-                            torch::optim::Optimizer& optimizer, const TrainState& state,
-                            int64_t keep,
+                            torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / step_name(state.step);
@@ -152,9 +152,8 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
     fs::create_directories(tmp);
     save_weights(model, (tmp / "model.pth").string(), torch::kFloat32);
     if (after_file) after_file("model.pth");
-    std::ostringstream optimizer_bytes;
-    torch::save(optimizer, optimizer_bytes);
-    write("optimizer.pt", optimizer_bytes.str());
+    const std::vector<char> optimizer_bytes = optimizer_state_bytes(optimizer);
+    write("optimizer.pt", std::string_view(optimizer_bytes.data(), optimizer_bytes.size()));
     auto gen = at::detail::getDefaultCPUGenerator();
     torch::Tensor rng;
     {
@@ -223,12 +222,13 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
                           "delete this checkpoint to resume from the one before");
   const auto v = j.find("format_version");
   const int64_t version = v != j.end() && v->is_number_integer() ? v->get<int64_t>() : int64_t{-1};
-  if (version != kCheckpointVersion)
+  if (version != 1 && version != kCheckpointVersion)
     throw CheckpointError("checkpoint state '" + file + "' has format version " +
-                          std::to_string(version) + "; this program reads version " +
+                          std::to_string(version) + "; this program reads versions 1 to " +
                           std::to_string(kCheckpointVersion) +
                           " (hint: its model.pth still loads with minimind-eval --checkpoint)");
   TrainState s;
+  s.format_version = static_cast<int>(version);
   auto field = [&](const char* key, auto& out, bool (nlohmann::json::*is_type)() const noexcept,
                    const char* type) {
     const auto it = j.find(key);
@@ -257,20 +257,27 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   return s;
 }
 
-TrainState load_checkpoint(const std::string& dir, MiniMindForCausalLM& model,
-                           torch::optim::Optimizer& optimizer) {
-  TrainState s = read_checkpoint_state(dir);
-  load_weights(model, (fs::path(dir) / "model.pth").string());
-  try {
-    torch::load(optimizer, (fs::path(dir) / "optimizer.pt").string());
-  } catch (const c10::Error& e) {
-    throw CheckpointError("checkpoint '" + dir + "' has an unreadable optimizer.pt: " +
-                          std::string(e.what_without_backtrace()).substr(0, 200));
-  }
-  c10::IValue rng = read_pickle((fs::path(dir) / "rng.pt").string());
+void restore_rng_state(const std::string& file) {
+  const c10::IValue rng = read_pickle(file);
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(rng.toTensor());
+  try {
+    if (!rng.isTensor()) throw std::runtime_error("it does not hold a tensor");
+    gen.set_state(rng.toTensor());
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw CheckpointError("'" + file + "' is not a random-generator state: " +
+                              what.substr(0, std::min(what.find('\n'), size_t{200})),
+                          "the checkpoint is damaged; delete it to resume from the one before");
+  }
+}
+
+TrainState load_checkpoint(const std::string& dir, MiniMindForCausalLM& model,
+                           torch::optim::AdamW& optimizer) {
+  TrainState s = read_checkpoint_state(dir);
+  load_weights(model, (fs::path(dir) / "model.pth").string());
+  load_optimizer_state(optimizer, (fs::path(dir) / "optimizer.pt").string(), s.format_version);
+  restore_rng_state((fs::path(dir) / "rng.pt").string());
   return s;
 }
 

@@ -17,12 +17,14 @@
 
 namespace minimind {
 
-constexpr int kCheckpointVersion = 1;
+// 2: optimizer.pt is a plain pickle (optimizer_state.h); 1: torch::save(optimizer), still read.
+constexpr int kCheckpointVersion = 2;
 
 // What besides weights and optimizer a run needs to continue exactly.
 struct TrainState {
-  int64_t step = 0;    // optimizer steps done
-  int64_t tokens = 0;  // training tokens seen
+  int format_version = kCheckpointVersion;  // of the checkpoint it was read from
+  int64_t step = 0;                         // optimizer steps done
+  int64_t tokens = 0;                       // training tokens seen
   // Rows of the global data stream drawn so far (all ranks), so a run can resume under
   // another rank count or batch size. Checkpoints written before this field existed hold
   // a one-process batch count instead: then loader_rows is -1 and loader_batches is set.
@@ -70,8 +72,7 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
 // `after_file` (tests) is called after each file is written, to simulate a crash.
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
-                            torch::optim::Optimizer& optimizer, const TrainState& state,
-                            int64_t keep,
+                            torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file = {});
 
 // The newest complete checkpoint directory under run_dir, if any.
@@ -83,9 +84,13 @@ TrainState read_checkpoint_state(const std::string& checkpoint_dir);
 // anything that is not a state of this format version.
 TrainState parse_checkpoint_state(const std::string& text, const std::string& file);
 
+// Sets torch's CPU generator from a checkpoint's rng.pt; CheckpointError/WeightsError for a
+// damaged file.
+void restore_rng_state(const std::string& file);
+
 // Restores weights, optimizer and torch's RNG; returns the state. Refuses incomplete or
 // other-version checkpoints with a hint.
 TrainState load_checkpoint(const std::string& checkpoint_dir, MiniMindForCausalLM& model,
-                           torch::optim::Optimizer& optimizer);
+                           torch::optim::AdamW& optimizer);
 
 }  // namespace minimind

@@ -14,8 +14,8 @@ namespace minimind {
 class Checkpointer : public Observer {
  public:
   // state: the loop's TrainState (read at each save; its elapsed time is the run's).
-  Checkpointer(MiniMindForCausalLM model, torch::optim::Optimizer& optimizer,
-               const TrainState& state, std::string run_dir, const TrainConfig& cfg, Observer& out)
+  Checkpointer(MiniMindForCausalLM model, torch::optim::AdamW& optimizer, const TrainState& state,
+               std::string run_dir, const TrainConfig& cfg, Observer& out)
       : model_(std::move(model)),
         optimizer_(optimizer),
         state_(state),
@@ -26,7 +26,7 @@ class Checkpointer : public Observer {
 
  private:
   MiniMindForCausalLM model_;
-  torch::optim::Optimizer& optimizer_;
+  torch::optim::AdamW& optimizer_;
   const TrainState& state_;
   std::string run_dir_;
   const TrainConfig& cfg_;

@@ -1,0 +1,106 @@
+#include "minimind/run/optimizer_state.h"
+
+#include <map>
+
+#include "minimind/error.h"
+#include "minimind/model/weights_io.h"
+
+namespace minimind {
+namespace {
+
+// AdamW keys its per-parameter state by the parameter's TensorImpl address, as a string.
+std::string state_key(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+const std::vector<torch::Tensor>& parameters(torch::optim::AdamW& optimizer) {
+  if (optimizer.param_groups().size() != 1)
+    throw CheckpointError("internal: the optimizer should hold one parameter group");
+  return optimizer.param_groups()[0].params();
+}
+
+std::string damaged(const std::string& file, const std::string& what) {
+  return "optimizer state '" + file + "' " + what;
+}
+
+}  // namespace
+
+std::vector<char> optimizer_state_bytes(torch::optim::AdamW& optimizer) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  const auto& params = parameters(optimizer);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = optimizer.state().find(state_key(params[i]));
+    if (it == optimizer.state().end()) continue;
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    const std::string prefix = std::to_string(i) + ".";
+    dict.insert(prefix + "step", torch::tensor(s.step(), torch::kInt64));
+    dict.insert(prefix + "exp_avg", s.exp_avg().contiguous());
+    dict.insert(prefix + "exp_avg_sq", s.exp_avg_sq().contiguous());
+  }
+  return torch::pickle_save(c10::IValue(dict));
+}
+
+void load_optimizer_state(torch::optim::AdamW& optimizer, const std::string& file,
+                          int format_version) {
+  const char* hint = "the checkpoint is damaged; delete it to resume from the one before";
+  if (format_version == 1) {
+    try {
+      torch::load(optimizer, file);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw CheckpointError(
+          damaged(file, "is unreadable: " + what.substr(0, std::min(what.find('\n'), size_t{200}))),
+          hint);
+    }
+    return;
+  }
+  std::map<std::string, torch::Tensor> entries;
+  for (auto& [name, t] : read_tensor_dict(file)) entries[name] = t;
+
+  // Check everything before touching the optimizer: a damaged file changes nothing.
+  const auto& params = parameters(optimizer);
+  std::vector<std::unique_ptr<torch::optim::AdamWParamState>> states(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string prefix = std::to_string(i) + ".";
+    const auto step = entries.find(prefix + "step");
+    if (step == entries.end()) continue;  // no state yet for this parameter
+    const torch::Tensor& s = step->second;
+    if (s.dim() != 0 || s.scalar_type() != torch::kInt64 || s.item<int64_t>() < 0)
+      throw CheckpointError(damaged(file, "entry '" + prefix + "step' is not a step count"), hint);
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(s.item<int64_t>());
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      const auto it = entries.find(prefix + moment);
+      if (it == entries.end())
+        throw CheckpointError(damaged(file, "has no entry '" + prefix + moment + "'"), hint);
+      if (it->second.sizes() != params[i].sizes() ||
+          it->second.scalar_type() != params[i].scalar_type())
+        throw CheckpointError(
+            damaged(file,
+                    "entry '" + prefix + moment + "' has shape " + c10::str(it->second.sizes()) +
+                        " " + c10::toString(it->second.scalar_type()) + "; the parameter is " +
+                        c10::str(params[i].sizes()) + " " + c10::toString(params[i].scalar_type())),
+            hint);
+      // A copy of its own: the pickle's storage is shared by every tensor read from it.
+      torch::Tensor value = it->second.clone();
+      if (std::string(moment) == "exp_avg")
+        state->exp_avg(value);
+      else
+        state->exp_avg_sq(value);
+    }
+    states[i] = std::move(state);
+    entries.erase(prefix + "step");
+    entries.erase(prefix + "exp_avg");
+    entries.erase(prefix + "exp_avg_sq");
+  }
+  if (!entries.empty())
+    throw CheckpointError(damaged(file, "has entry '" + entries.begin()->first +
+                                            "', which fits no parameter of this model"),
+                          hint);
+
+  optimizer.state().clear();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (states[i]) optimizer.state()[state_key(params[i])] = std::move(states[i]);
+}
+
+}  // namespace minimind

@@ -1,0 +1,23 @@
+// AdamW's state in a checkpoint (optimizer.pt). Format 2 is a plain torch.save-compatible
+// pickle of {name: tensor}, so it goes through the same hardened reader as the weights (and
+// Python's torch.load reads it): for the optimizer's i-th parameter, "i.step" (int64
+// scalar), "i.exp_avg" and "i.exp_avg_sq" (the parameter's shape, float32). A parameter
+// without state (no step taken yet) has no entries. Format 1 checkpoints hold
+// torch::save(optimizer), a TorchScript archive read by LibTorch's TorchScript importer.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace minimind {
+
+std::vector<char> optimizer_state_bytes(torch::optim::AdamW& optimizer);
+
+// Replaces the optimizer's state with the file's. CheckpointError naming the file and the
+// entry when it does not fit the optimizer's parameters; WeightsError when it is no pickle.
+void load_optimizer_state(torch::optim::AdamW& optimizer, const std::string& file,
+                          int format_version);
+
+}  // namespace minimind
