@@ -7,6 +7,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -53,22 +56,28 @@ int main(int argc, char** argv) {
   app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")
       ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
   app.add_option("--steps", steps, "measured steps (median over them)")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--warmup", warmup, "steps before measuring")->check(CLI::Range(0, 100000));
+      ->check(minimind_app::integer_in(1, 100000));
+  app.add_option("--warmup", warmup, "steps before measuring")
+      ->check(minimind_app::integer_in(0, 100000));
   app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)")
-      ->check(CLI::Range(0, 1024));
+      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_option("--blas-threads", blas_threads,
                  "OpenBLAS threads while training (0: the trainer's choice)")
-      ->check(CLI::Range(0, 1024));
+      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_option("--torch-threads", torch_threads,
                  "torch intra-op threads (0: the trainer's choice)")
-      ->check(CLI::Range(0, 1024));
+      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_flag("--json", json, "one JSON line on stdout");
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
+  // The profiler writes its trace only after the measured step; find out now if it can.
+  if (!profile.empty() && !std::ofstream(profile)) {
+    std::cerr << "--profile: cannot write '" << profile << "': " << std::strerror(errno) << "\n";
+    return 1;
+  }
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
 
   return minimind::run_main([&] {

@@ -123,31 +123,37 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data,
                  "JSONL corpus to evaluate (default: the run's validation split)");
   app.add_option("--max-docs", a.max_docs, "evaluate at most N documents")
-      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
+      ->check(minimind_app::integer_in(1, std::numeric_limits<int64_t>::max()));
   app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(minimind_app::integer_in(1, int64_t{1} << 20));
   app.add_option("--threads", a.threads, "intra-op threads (default: one per core)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
+      ->check(minimind_app::integer_in(0, 1024));
   app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
   app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
   app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+      ->check(minimind_app::integer_in(0, int64_t{1} << 30));
+  // Below 0.01, or a penalty outside [0.01, 100], logits of ordinary size overflow float.
   app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
-      ->check(CLI::PositiveNumber);
+      ->check(minimind_app::number_in(0.01, 100));
   app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+      ->check(minimind_app::integer_in(0, int64_t{1} << 30));
   app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(minimind_app::number_in(0, 1));
   app.add_option("--repetition-penalty", a.gen.repetition_penalty,
                  "MiniMind's penalty, 1 = off (default 1.0)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", a.gen.seed, "sampling seed (default 42)");
+      ->check(minimind_app::number_in(0.01, 100));
+  app.add_option("--seed", a.gen.seed, "sampling seed (default 42)")
+      ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
   app.add_flag("--no-cache", no_cache,
                "recompute the whole sequence for every token (slow; for checks)");
   app.add_option("--inspect", a.inspect,
                  "show a run's expert-load history in the terminal (RUN_DIR)");
   app.add_option("--report", a.report, "write RUN_DIR/report.html");
+  // --inspect and --report read a run's logs; evaluation options would be ignored with them.
+  for (const char* reader : {"--inspect", "--report"})
+    for (const char* other : {"--checkpoint", "--config", "--tokenizer", "--data", "--prompt"})
+      app.get_option(reader)->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
   a.gen.use_cache = !no_cache;
@@ -163,7 +169,7 @@ int main(int argc, char** argv) {
     }
     if (a.checkpoint.empty()) {
       spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");
-      return 2;
+      return 1;
     }
     const int threads = minimind::use_threads(a.threads);
     const bool generating = !a.prompt.empty();

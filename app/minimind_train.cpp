@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <limits>
 
 #include "command_line.h"
 #include "minimind/analysis/report.h"
@@ -79,8 +80,10 @@ int main(int argc, char** argv) {
   app.add_flag("--overwrite", options.overwrite,
                "start again in a run directory that holds an earlier run");
   app.add_option("--threads", threads,
-                 "intra-op threads (same as --set run.threads=N; 0 = one per core)");
-  app.add_option("--seed", seed, "random seed (same as --set run.seed=N)");
+                 "intra-op threads (same as --set run.threads=N; 0 = one per core)")
+      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
+  app.add_option("--seed", seed, "random seed (same as --set run.seed=N)")
+      ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_flag("--prepare-only", prepare_only,
                "prepare tokenizer and token files (cached), then exit");
   app.add_flag("--print-config", print_config, "print the resolved config as YAML and exit");

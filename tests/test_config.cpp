@@ -196,6 +196,23 @@ TEST(ConfigErrors, DuplicatesAndBadYaml) {
   expect_error("model:\n  hidden_size: [64\n", {"invalid YAML", "test.yaml line"});
 }
 
+// A size no machine has is refused, naming the keys (the estimate itself is checked against
+// the built model in model_tests).
+TEST(ConfigMemory, AbsurdModelSizesAreRefused) {
+  Config cfg = load_config_string("run: {name: defaults}\n", "test.yaml");
+  validate_and_resolve(cfg);
+  EXPECT_NO_THROW(check_model_fits_memory(cfg.model, true));
+  cfg.model.num_hidden_layers = 100000000;
+  try {
+    check_model_fits_memory(cfg.model, true);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.num_hidden_layers (100000000)"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("GB to train"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ConfigFile, MissingFileIsAnError) {
   try {
     load_config_file("/nonexistent/x.yaml");

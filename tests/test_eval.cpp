@@ -259,14 +259,23 @@ TEST_F(EvalTest, InspectShowsHistogramsTrendsAndWarnings) {
 }
 
 TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
-  for (const char* args : {"--top-p 2", "--top-k -1", "--repetition-penalty 0", "--max-docs 0",
-                           "--batch-size 0", "--no-such-option"}) {
+  // nan passed CLI11's ranges and reached the sampler; a seed past 2^63 was saturated.
+  for (const char* args :
+       {"--top-p 2", "--top-p nan", "--top-k -1", "--repetition-penalty 0",
+        "--repetition-penalty 1e-300", "--temperature nan", "--temperature 1e-300",
+        "--temperature inf", "--seed -5", "--seed 99999999999999999999999", "--max-docs 0",
+        "--batch-size 0", "--threads 5000", "--no-such-option"}) {
     const Command c = run(std::string(args) + " --checkpoint " + ckpt());
     EXPECT_EQ(c.status, 1) << args << "\n" << c.err;
     const std::string option = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(c.err.find(option), std::string::npos) << args << "\n" << c.err;
   }
   EXPECT_EQ(run("--help").status, 0);
+  // A run's logs are read alone: evaluation options alongside would be ignored.
+  const Command both = run("--inspect " + *dir_ + "/moe --prompt Emma");
+  EXPECT_EQ(both.status, 1) << both.err;
+  EXPECT_NE(both.err.find("--inspect"), std::string::npos) << both.err;
+  EXPECT_EQ(run("--max-docs 3").status, 1);  // nothing to evaluate
   // minimind-bench: zero measured steps used to end in a segmentation fault.
   Command bench{0, "", ""};
   const std::string err_file = test::temp_dir("bench_err") + "/err";
@@ -274,6 +283,36 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
       std::system((std::string(MINIMIND_BENCH_BIN) + " --steps 0 2>" + err_file).c_str()));
   EXPECT_EQ(bench.status, 1);
   EXPECT_NE(test::read_text(err_file).find("--steps"), std::string::npos)
+      << test::read_text(err_file);
+  // minimind-train: values past an option's range, and a model no machine could hold, are
+  // refused before anything happens (here: before --overwrite would empty the run).
+  const std::string config = test::source_path("configs/moe.yaml");
+  for (const char* args : {"--seed -1", "--seed 99999999999999999999", "--threads 5000"}) {
+    const int status =
+        WEXITSTATUS(std::system((std::string(MINIMIND_TRAIN_BIN) + " --config " + config +
+                                 " --print-config " + args + " 2>" + err_file + " >/dev/null")
+                                    .c_str()));
+    EXPECT_EQ(status, 1) << args;
+    const std::string option = std::string(args).substr(0, std::string(args).find(' '));
+    EXPECT_NE(test::read_text(err_file).find(option), std::string::npos)
+        << test::read_text(err_file);
+  }
+  const int huge = WEXITSTATUS(
+      std::system((std::string(MINIMIND_TRAIN_BIN) + " --config " + config + " --out " + *dir_ +
+                   "/moe --overwrite --set model.num_hidden_layers=100000000 --set data.train=" +
+                   test::source_path("data/austen.jsonl") + " >" + err_file + " 2>&1")
+                      .c_str()));
+  EXPECT_EQ(huge, 1);
+  EXPECT_NE(test::read_text(err_file).find("model.num_hidden_layers (100000000)"),
+            std::string::npos)
+      << test::read_text(err_file);
+  EXPECT_TRUE(fs::exists(ckpt() + "/model.pth"));
+  // A trace that cannot be written is said before minutes of benchmarking, not after.
+  bench.status = WEXITSTATUS(std::system(
+      (std::string(MINIMIND_BENCH_BIN) + " --profile /nonexistent/dir/trace.json 2>" + err_file)
+          .c_str()));
+  EXPECT_EQ(bench.status, 1);
+  EXPECT_NE(test::read_text(err_file).find("--profile: cannot write"), std::string::npos)
       << test::read_text(err_file);
 }
 
@@ -299,8 +338,11 @@ TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
   EXPECT_EQ(dir_tok.status, 1);
   EXPECT_NE(dir_tok.err.find("is a directory, not a .model file"), std::string::npos)
       << dir_tok.err;
-  // A temperature so small that the logits overflow: an error, not a torch backtrace.
-  Command cold = run("--checkpoint " + ckpt() + " --temperature 1e-300 --prompt Emma");
-  EXPECT_EQ(cold.status, 1);
-  EXPECT_NE(cold.err.find("non-finite probabilities"), std::string::npos) << cold.err;
+  // A temperature so small that the logits overflow (the tool refuses it; a library caller
+  // can pass it): an error, not a torch backtrace.
+  EvalModel m = load_eval_model(ckpt(), "", "", false);
+  GenerateOptions cold;
+  cold.temperature = 1e-300;
+  const std::string err = test::error_of<Error>([&] { generate(m.model, {1, 5, 6}, cold); });
+  EXPECT_NE(err.find("non-finite probabilities (temperature 1e-300"), std::string::npos) << err;
 }

@@ -71,6 +71,20 @@ TEST(ParamCount, TinyPresetsHaveEqualActiveParameters) {
             c.num_hidden_layers * c.num_experts * c.hidden_size);
 }
 
+// The up-front memory check (config.h) counts the parameters from the config alone: it must
+// agree with the built model, dense, MoE and with an untied head.
+TEST(ParamCount, MemoryEstimateCountsTheBuiltModel) {
+  for (int variant = 0; variant < 3; ++variant) {
+    ModelConfig c = small(variant == 1);
+    c.tie_word_embeddings = variant != 2;
+    MiniMindForCausalLM m(c);
+    const double rope_bytes = 2.0 * 4 * c.max_position_embeddings * c.head_dim();
+    const double params = static_cast<double>(count_parameters(m).total);
+    EXPECT_EQ(model_memory_bytes(c, false), 4 * params + rope_bytes) << variant;
+    EXPECT_EQ(model_memory_bytes(c, true), 16 * params + rope_bytes) << variant;
+  }
+}
+
 TEST(StateDict, NamesAreMiniMinds) {
   ModelConfig cfg = small(true);
   cfg.num_hidden_layers = 2;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 
 #include "fuzz_support.h"
@@ -13,6 +14,31 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/run/optimizer_state.h"
+
+// A damaged pickle may declare a string or record of gigabytes, which LibTorch allocates
+// before it finds the file too short. In a normal build an impossible allocation throws
+// std::bad_alloc (caught and reported as a damaged file); ASan's own operator new aborts
+// instead. These replacements restore the normal behaviour on top of ASan's malloc, which
+// still checks every access (scripts/fuzz.sh sets allocator_may_return_null=1).
+void* operator new(size_t n) {
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) {
+  return operator new(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace {
 minimind::MiniMindForCausalLM* model = nullptr;

@@ -1,7 +1,10 @@
 // The key table and the validation of a parsed Config.
 #include "minimind/config.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 namespace minimind {
@@ -17,6 +20,39 @@ int64_t ModelConfig::ffn_size() const {
 
 int64_t ModelConfig::expert_ffn_size() const {
   return moe_intermediate_size ? *moe_intermediate_size : ffn_size();
+}
+
+double model_memory_bytes(const ModelConfig& m, bool training) {
+  const double H = static_cast<double>(m.hidden_size);
+  const double kv = static_cast<double>(m.num_key_value_heads) * static_cast<double>(m.head_dim());
+  // q, o, k, v; two norms of H and, as MiniMind-3, q/k norms of head_dim
+  const double attention = 2 * H * H + 2 * H * kv + 2 * H + 2 * static_cast<double>(m.head_dim());
+  const double experts = m.use_moe ? static_cast<double>(m.num_experts) : 1.0;
+  const double ffn = experts * 3 * H * static_cast<double>(m.expert_ffn_size()) +
+                     (m.use_moe ? static_cast<double>(m.num_experts) * H : 0.0);
+  const double dense_ffn = 3 * H * static_cast<double>(m.ffn_size());
+  const double embeddings = static_cast<double>(m.vocab_size) * H * (m.tie_word_embeddings ? 1 : 2);
+  const double params =
+      static_cast<double>(m.num_hidden_layers) * (attention + (m.use_moe ? ffn : dense_ffn)) +
+      embeddings + H;
+  const double rope =
+      2.0 * static_cast<double>(m.max_position_embeddings) * static_cast<double>(m.head_dim());
+  return 4.0 * (params * (training ? 4 : 1) + rope);
+}
+
+void check_model_fits_memory(const ModelConfig& m, bool training) {
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  const double need = model_memory_bytes(m, training);
+  if (have <= 0 || need <= have) return;
+  std::ostringstream msg;
+  msg << "config error: model.hidden_size (" << m.hidden_size << "), model.num_hidden_layers ("
+      << m.num_hidden_layers << "), model.vocab_size (" << m.vocab_size
+      << "), model.max_position_embeddings (" << m.max_position_embeddings << ")"
+      << (m.use_moe ? " and the expert keys" : "") << " make a model that needs "
+      << std::setprecision(3) << need / 1e9 << " GB " << (training ? "to train" : "to load")
+      << " before any data, more than this machine's " << have / 1e9 << " GB";
+  throw ConfigError(msg.str(), "check these keys for a typo");
 }
 
 #define MM_FIELD(sec, name)                                         \
@@ -211,6 +247,9 @@ void validate_run(const Checker& c, const RunConfig& r) {
                r.name + "\"");
   c.non_negative("run.seed", r.seed);
   c.non_negative("run.threads", r.threads);
+  if (r.threads > kMaxThreads)
+    c.fail("run.threads",
+           "must be at most " + std::to_string(kMaxThreads) + ", got " + std::to_string(r.threads));
   c.positive("run.dist_timeout", r.dist_timeout);
 }
 

@@ -13,6 +13,9 @@
 
 namespace minimind {
 
+// More threads than this is a typo, not a machine (run.threads and the tools' --threads).
+constexpr int64_t kMaxThreads = 1024;
+
 struct RunConfig {
   std::string name = "minimind";
   int64_t seed = 1337;
@@ -51,6 +54,14 @@ struct ModelConfig {
 
 // MiniMind's derived FFN width: ceil(hidden * pi / 64) * 64 (768 -> 2432).
 int64_t default_intermediate_size(int64_t hidden_size);
+
+// Bytes a model takes before it sees data: float32 weights (four times that when training:
+// gradients and AdamW's two moments) and the RoPE tables. In doubles, so that absurd sizes
+// do not wrap around.
+double model_memory_bytes(const ModelConfig& m, bool training);
+// ConfigError naming the keys that size the model when it needs more than this machine's
+// memory (a typo such as num_hidden_layers: 100000000 otherwise ends in the OOM killer).
+void check_model_fits_memory(const ModelConfig& m, bool training);
 
 struct DataConfig {
   std::string train = "data/austen.jsonl";

@@ -38,6 +38,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
     m.weights = path;
   }
   validate_and_resolve(m.config);
+  check_model_fits_memory(m.config.model, /*training=*/false);
   m.model = MiniMindForCausalLM(m.config.model);
   load_weights(m.model, m.weights);
 

@@ -1,5 +1,7 @@
 #include "minimind/eval/generate.h"
 
+#include <fmt/format.h>
+
 #include <limits>
 
 namespace minimind {
@@ -60,11 +62,13 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
       next = logits.argmax().item<int64_t>();
     } else {
       torch::Tensor probs = torch::softmax(filter_logits(logits, seq, o), -1);
-      // An extreme temperature overflows the logits; say so instead of a torch backtrace.
+      // An extreme temperature or penalty overflows the logits (the tools refuse values
+      // outside [0.01, 100]; a library caller may not): an error, not a torch backtrace.
       if (!torch::isfinite(probs).all().item<bool>())
-        throw Error("sampling gave non-finite probabilities (temperature " +
-                        std::to_string(o.temperature) + ")",
-                    "use a temperature between 0.1 and 2, or --greedy");
+        throw Error(fmt::format("sampling gave non-finite probabilities (temperature {:g}, "
+                                "repetition penalty {:g})",
+                                o.temperature, o.repetition_penalty),
+                    "use a temperature between 0.1 and 2 and a penalty near 1, or --greedy");
       next = torch::multinomial(probs, 1, false, gen).item<int64_t>();
     }
     if (next == o.eos_id) break;

@@ -143,7 +143,9 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist) {
 std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
                                            bool resume, bool overwrite, Distributed& dist) {
   auto s = std::make_unique<TrainSession>();
-  check_data_paths(cfg);  // before --overwrite empties the run directory
+  // Before --overwrite empties the run directory: what can be known wrong now.
+  check_data_paths(cfg);
+  check_model_fits_memory(cfg.model, /*training=*/true);
   s->run = open_run_directory(run_dir, resume, overwrite, dist);
   make_run_loggers(*s, run_dir, resume, dist.rank());
   try {
