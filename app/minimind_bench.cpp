@@ -1,6 +1,7 @@
 // minimind-bench: training and generation speed of the C++ model on the fixed bench config
 // (hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32).
 // scripts/bench.sh runs it next to the PyTorch reference (tests/reference/bench.py).
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
+  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-bench"));  // stdout: data only
 
   return minimind::run_main([&] {
     using namespace minimind;

@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     return status;
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
   if (seed >= 0) overrides.push_back("run.seed=" + std::to_string(seed));
-  spdlog::set_default_logger(spdlog::stdout_color_mt("minimind"));
+  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind"));  // stdout: data only
 
   return minimind::run_main([&] {
     minimind::LoadedConfig loaded = minimind::load_config(config_path, overrides);

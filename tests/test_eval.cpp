@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -314,6 +315,31 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
   EXPECT_EQ(bench.status, 1);
   EXPECT_NE(test::read_text(err_file).find("--profile: cannot write"), std::string::npos)
       << test::read_text(err_file);
+}
+
+// stdout carries data only: a config printed with its warnings (the #858 one here) reads
+// back as a config, and the benchmark's --json line is the whole of stdout.
+TEST(Commands, StdoutCarriesOnlyData) {
+  const std::string dir = test::temp_dir("stdout");
+  const std::string train = std::string(MINIMIND_TRAIN_BIN) + " --print-config --config ";
+  ASSERT_EQ(std::system((train + test::source_path("configs/minimind-3-moe.yaml") + " > " + dir +
+                         "/a.yaml 2> " + dir + "/a.err")
+                            .c_str()),
+            0);
+  EXPECT_NE(test::read_text(dir + "/a.err").find("858"), std::string::npos)
+      << "the preset should warn (#858); the test needs a warning to check where it goes";
+  ASSERT_EQ(std::system((train + dir + "/a.yaml > " + dir + "/b.yaml").c_str()), 0);
+  EXPECT_EQ(test::read_text(dir + "/a.yaml"), test::read_text(dir + "/b.yaml"));
+
+  ASSERT_EQ(std::system((std::string(MINIMIND_BENCH_BIN) +
+                         " --json --preset dense --steps 1 --warmup 0 --profile " + dir +
+                         "/trace.json > " + dir + "/bench.json 2>/dev/null")
+                            .c_str()),
+            0);
+  const std::string out = test::read_text(dir + "/bench.json");
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(nlohmann::json::parse(out).at("preset"), "dense") << out;
+  EXPECT_GT(fs::file_size(dir + "/trace.json"), 0u);
 }
 
 TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {

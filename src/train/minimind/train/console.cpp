@@ -19,7 +19,7 @@ std::string format_duration(double s) {
 }
 
 ConsoleObserver::ConsoleObserver(spdlog::logger& log, bool live)
-    : log_(log), live_(live && isatty(STDOUT_FILENO)) {}
+    : log_(log), live_(live && isatty(STDERR_FILENO)) {}
 
 ConsoleObserver::~ConsoleObserver() {
   clear_status();
@@ -27,8 +27,8 @@ ConsoleObserver::~ConsoleObserver() {
 
 void ConsoleObserver::clear_status() {
   if (!status_shown_) return;
-  std::fprintf(stdout, "\r\033[K");
-  std::fflush(stdout);
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
   status_shown_ = false;
 }
 
@@ -39,13 +39,13 @@ void ConsoleObserver::on_step(const StepInfo& s) {
   if (!live_) return;
   const StepStats& st = *s.stats;
   const double tok_s = tokens_ / std::max(1e-9, clock_.seconds());
-  std::fprintf(stdout, "\r\033[K%s",
+  std::fprintf(stderr, "\r\033[K%s",
                fmt::format("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | "
                            "grad {:.3f} | {:.0f} tok/s | ETA {}",
                            s.step, s.max_steps, st.loss, st.lm_loss, st.aux_loss, s.lr,
                            st.grad_norm, tok_s, format_duration(eta_))
                    .c_str());
-  std::fflush(stdout);
+  std::fflush(stderr);
   status_shown_ = true;
 }
 

@@ -28,7 +28,7 @@ void make_run_loggers(TrainSession& s, const std::string& run_dir, bool append, 
   } else {
     // A sink of its own: a pattern set on a shared sink would change the main's console.
     s.log = std::make_shared<spdlog::logger>(
-        "minimind", std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+        "minimind", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     s.log->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
     s.log->set_level(spdlog::level::warn);
   }
