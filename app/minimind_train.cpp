@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <iostream>
 #include <limits>
 
 #include "command_line.h"
@@ -69,9 +70,10 @@ int main(int argc, char** argv) {
   minimind::TrainOptions options;
   int64_t threads = -1, seed = -1;
   bool prepare_only = false, print_config = false;
-  app.add_option("--config", config_path, "YAML config (sections run, model, data, train, log)")
-      ->required()
-      ->check(CLI::ExistingFile);
+  bool list_presets = false;
+  app.add_option("--config", config_path,
+                 "YAML config file, or a shipped preset by name (moe, dense, ...)");
+  app.add_flag("--list-presets", list_presets, "list the shipped presets and where they are");
   app.add_option("--set", overrides,
                  "override a key before validation: section.key=value (repeatable)");
   app.add_option("--out", options.out_dir, "run directory (default: runs/<run.name>)");
@@ -89,12 +91,22 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the resolved config as YAML and exit");
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
+  if (list_presets) {
+    for (const auto& [name, path] : minimind::list_presets()) fmt::print("{:16} {}\n", name, path);
+    return 0;
+  }
+  if (config_path.empty()) {
+    std::cerr << "--config is required (a YAML file or a preset: minimind-train --list-presets)\n"
+              << "Run with --help for more information.\n";
+    return 1;
+  }
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
   if (seed >= 0) overrides.push_back("run.seed=" + std::to_string(seed));
   spdlog::set_default_logger(spdlog::stderr_color_mt("minimind"));  // stdout: data only
 
   return minimind::run_main([&] {
-    minimind::LoadedConfig loaded = minimind::load_config(config_path, overrides);
+    minimind::LoadedConfig loaded =
+        minimind::load_config(minimind::find_config_file(config_path), overrides);
     for (const auto& w : loaded.warnings) spdlog::warn("{}", w);
     const minimind::Config& cfg = loaded.config;
     if (print_config) {

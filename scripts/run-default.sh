@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, command 1: install what is needed, build, and run the default training
-# (configs/moe.yaml on the shipped corpus data/austen.jsonl) into runs/moe/.
+# (the preset moe = configs/moe.yaml, on the shipped corpus data/austen.jsonl) into runs/moe/.
 # Extra arguments go to minimind-train, e.g. `scripts/run-default.sh --set train.max_steps=50`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +13,7 @@ if [ -d runs/moe ] && [[ " $* " != *" --resume "* ]]; then
   mv runs/moe runs/moe.previous
   echo "run-default: moved the earlier run to runs/moe.previous"
 fi
-exec ./build/app/minimind-train --config configs/moe.yaml "$@"
+# The installed command when build.sh could install it (as root), else the build's.
+TRAIN=minimind-train
+command -v "$TRAIN" > /dev/null || TRAIN=./build/app/minimind-train
+exec "$TRAIN" --config moe.yaml "$@"

@@ -2,6 +2,7 @@
 // of error (unknown key, wrong type, invalid value, bad YAML), which must name key and line.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,40 @@ TEST(ConfigErrors, DuplicatesAndBadYaml) {
   expect_error("model:\n  hidden_size: 64\nmodel:\n  use_moe: true\n",
                {"section 'model' appears twice"});
   expect_error("model:\n  hidden_size: [64\n", {"invalid YAML", "test.yaml line"});
+}
+
+// Inputs named in a config file are read from the file's directory; --set values and outputs
+// from the working directory.
+TEST(ConfigFile, RelativeDataPathsAreReadFromTheFilesDirectory) {
+  const std::string dir = test::temp_dir("relpaths");
+  test::write_text(dir + "/exp.yaml",
+                   "data:\n  train: corpus/a.jsonl\n  val: /abs/b.jsonl\n  tokenizer: ../t.model\n"
+                   "  cache_dir: cache\n");
+  const Config cfg = load_config_file(dir + "/exp.yaml");
+  EXPECT_EQ(cfg.data.train, dir + "/corpus/a.jsonl");
+  EXPECT_EQ(cfg.data.val, "/abs/b.jsonl");
+  EXPECT_EQ(cfg.data.tokenizer, std::filesystem::path(dir).parent_path().string() + "/t.model");
+  EXPECT_EQ(cfg.data.cache_dir, "cache");
+  const LoadedConfig set = load_config(dir + "/exp.yaml", {"run.name=x", "data.train=mine.jsonl"});
+  EXPECT_EQ(set.config.data.train, "mine.jsonl");
+}
+
+TEST(ConfigFile, PresetsAreFoundByName) {
+  const std::string moe = test::source_path("configs/moe.yaml");
+  EXPECT_EQ(std::filesystem::canonical(find_config_file("moe")), std::filesystem::canonical(moe));
+  EXPECT_EQ(std::filesystem::canonical(find_config_file("moe.yaml")),
+            std::filesystem::canonical(moe));
+  EXPECT_EQ(find_config_file(moe), moe);  // a path is taken as it is
+  // The preset's corpus is the shipped one, wherever the program runs.
+  EXPECT_EQ(std::filesystem::canonical(load_config_file(find_config_file("moe")).data.train),
+            std::filesystem::canonical(test::source_path("data/austen.jsonl")));
+  const std::string err = test::error_of<ConfigError>([] { find_config_file("mo"); });
+  EXPECT_NE(err.find("no preset of that name"), std::string::npos) << err;
+  EXPECT_NE(err.find("dense, minimind-3-moe, minimind-3, moe"), std::string::npos) << err;
+  EXPECT_NE(test::error_of<ConfigError>([] {
+              find_config_file("configs/mo.yaml");
+            }).find("no config file 'configs/mo.yaml'"),
+            std::string::npos);
 }
 
 // A size no machine has is refused, naming the keys (the estimate itself is checked against

@@ -125,7 +125,22 @@ struct Field {
 
 const std::vector<Field>& config_fields();
 
+// ---- Finding a config (presets.cpp).
+// The directory of the running program (for the files installed beside it).
+std::string program_dir();
+// Where the shipped presets are: the install's share/minimind/configs, the source tree's
+// configs/; those that exist.
+std::vector<std::string> preset_dirs();
+// (name, path) of every preset, the first directory's winning a name.
+std::vector<std::pair<std::string, std::string>> list_presets();
+// A --config argument: the file when it exists, else the preset of that name ("moe" or
+// "moe.yaml"); ConfigError listing the presets otherwise.
+std::string find_config_file(const std::string& arg);
+
 // ---- Parsing (config_yaml.cpp). All throw ConfigError.
+// Relative data.train, data.val and data.tokenizer set in the file are read from the
+// file's directory (a preset finds the shipped corpus from anywhere); values from --set
+// and outputs (data.cache_dir, the run directory) stay relative to the working directory.
 Config load_config_file(const std::string& path);
 Config load_config_string(const std::string& yaml, const std::string& source_name);
 // Applies one "section.key=value" override (value parsed as a YAML scalar).

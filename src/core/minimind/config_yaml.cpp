@@ -5,10 +5,13 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "minimind/config.h"
+
+namespace fs = std::filesystem;
 
 namespace minimind {
 namespace {
@@ -161,7 +164,14 @@ Config load_config_file(const std::string& path) {
   if (!in) throw ConfigError("config error: cannot read config file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
-  return load_config_string(text.str(), path);
+  Config cfg = load_config_string(text.str(), path);
+  const fs::path dir = fs::absolute(fs::path(path)).parent_path();
+  for (auto [key, value] :
+       {std::pair{"data.train", &cfg.data.train}, std::pair{"data.val", &cfg.data.val},
+        std::pair{"data.tokenizer", &cfg.data.tokenizer}})
+    if (cfg.origin.count(key) && !value->empty() && fs::path(*value).is_relative())
+      *value = (dir / *value).lexically_normal().string();
+  return cfg;
 }
 
 void apply_override(Config& cfg, const std::string& assignment) {

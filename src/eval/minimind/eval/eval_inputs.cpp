@@ -26,7 +26,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
     TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
     m.step = state.step;
     m.config = config_path.empty() ? load_config_string(state.config_yaml, ckpt + "/state.json")
-                                   : load_config_file(config_path);
+                                   : load_config_file(find_config_file(config_path));
     m.run_dir = fs::path(ckpt).parent_path().parent_path().string();
     m.weights = (fs::path(ckpt) / "model.pth").string();
   } else {
@@ -34,7 +34,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
       throw ConfigError("config error: '" + path +
                         "' is a bare weights file; pass --config FILE.yaml "
                         "describing its model");
-    m.config = load_config_file(config_path);
+    m.config = load_config_file(find_config_file(config_path));
     m.weights = path;
   }
   validate_and_resolve(m.config);
