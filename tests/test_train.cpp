@@ -838,6 +838,15 @@ TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {
   options.after_step = {};
   EXPECT_EQ(train(tiny_config(dir), options).step, 8);
   EXPECT_FALSE(fs::exists(tmp));
+  // Resumed once more, the finished run says so and changes nothing.
+  const std::string metrics = read_text(options.out_dir + "/metrics.jsonl");
+  const TrainResult again = train(tiny_config(dir), options);
+  EXPECT_EQ(again.start_step, 8);
+  EXPECT_EQ(again.step, 8);
+  EXPECT_TRUE(again.step_losses.empty());
+  EXPECT_EQ(read_text(options.out_dir + "/metrics.jsonl"), metrics);
+  EXPECT_NE(read_text(options.out_dir + "/train.log").find("is already complete: step 8"),
+            std::string::npos);
 }
 
 TEST(Checkpoint, StateFieldsAreNamedWhenMissingOrMistyped) {
@@ -869,6 +878,17 @@ TEST(Trainer, AFatalErrorIsInTrainLog) {
   EXPECT_THROW(train(cfg, options), TrainError);
   EXPECT_NE(read_text(options.out_dir + "/train.log").find("[error] non-finite loss at step 3"),
             std::string::npos);
+  // No checkpoint to continue from: the advice is --overwrite, whether or not --resume was
+  // given (it used to send each to the other).
+  options.after_step = {};
+  std::string again = error_of<TrainError>([&] { train(cfg, options); });
+  EXPECT_NE(again.find("stopped before its first checkpoint"), std::string::npos) << again;
+  EXPECT_NE(again.find("--overwrite"), std::string::npos) << again;
+  EXPECT_EQ(again.find("--resume"), std::string::npos) << again;
+  options.resume = true;
+  again = error_of<TrainError>([&] { train(cfg, options); });
+  EXPECT_NE(again.find("stopped before its first one"), std::string::npos) << again;
+  EXPECT_NE(again.find("with --overwrite instead of --resume"), std::string::npos) << again;
 }
 
 TEST(Trainer, ResumeKeepsTheRunsTokenizerWhenTheCorpusChanged) {

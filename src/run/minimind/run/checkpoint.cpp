@@ -113,13 +113,23 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
           if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
       run.checkpoint = latest_checkpoint(path);
       if (!run.checkpoint)
-        throw TrainError("--resume: no complete checkpoint in '" + path + "'",
-                         "run without --resume to start training");
+        throw TrainError("--resume: no complete checkpoint in '" + path + "'" +
+                             (entries.empty() ? "" : " (the run stopped before its first one)"),
+                         entries.empty() ? "run without --resume to start training"
+                                         : "start it again: the same command with --overwrite "
+                                           "instead of --resume");
     } else if (!entries.empty()) {
-      if (!overwrite)
-        throw TrainError("'" + path + "' already holds a run",
-                         "use --resume to continue it, --overwrite to start it again, or --out "
-                         "DIR for a new directory");
+      if (!overwrite) {
+        const auto checkpoint = latest_checkpoint(path);
+        if (checkpoint)
+          throw TrainError("'" + path + "' already holds a run",
+                           "continue it with --resume (from " +
+                               fs::path(*checkpoint).filename().string() +
+                               "), start it again with --overwrite, or give --out DIR for a "
+                               "new directory");
+        throw TrainError("'" + path + "' already holds a run, stopped before its first checkpoint",
+                         "start it again with --overwrite, or give --out DIR for a new directory");
+      }
       for (const auto& e : entries) fs::remove_all(e);
     }
   }

@@ -51,6 +51,20 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   TrainState& state = s->state;
   const TrainConfig& tc = cfg.train;
 
+  // A finished run resumed: nothing to train, and no figures to report as new.
+  if (s->run.checkpoint && state.step >= tc.max_steps) {
+    if (main_rank)
+      s->log->info(
+          "'{}' is already complete: step {} of train.max_steps = {}; nothing to do (to train "
+          "on, resume with --set train.max_steps=N)",
+          run_dir, state.step, tc.max_steps);
+    TrainResult done;
+    done.run_dir = run_dir;
+    done.step = done.start_step = state.step;
+    done.tokens = done.start_tokens = state.tokens;
+    return done;
+  }
+
   // The pieces the loop notifies, in this order: the interval means (which the others
   // report), the console, rank 0's logs, collapse watcher and checkpointer, the evaluator
   // (every rank takes part), then the caller's observers.
