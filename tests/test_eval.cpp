@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -247,6 +248,26 @@ TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
   fs::remove(moe);
   EXPECT_EQ(run("--report " + *dir_ + "/moe").status, 0);
   EXPECT_TRUE(fs::exists(moe));
+}
+
+// Report axes: 4 to 6 ticks at round values (1, 2 or 5 x 10^k apart) covering the data.
+TEST(ReportAxes, TicksAreFewRoundAndCoverTheRange) {
+  const std::vector<std::pair<double, double>> ranges = {
+      {0, 300}, {0, 8}, {0.000223, 0.00899}, {4.93, 8.8}, {0, 1}, {-3.2, 7.7}, {1, 1}, {0, 12345}};
+  for (const auto& [lo, hi] : ranges) {
+    const std::vector<double> t = axis_ticks(lo, hi);
+    ASSERT_GE(t.size(), 4u) << lo << " " << hi;
+    ASSERT_LE(t.size(), 6u) << lo << " " << hi;
+    EXPECT_LE(t.front(), lo);
+    EXPECT_GE(t.back(), hi);
+    const double step = t[1] - t[0];
+    const double mantissa = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
+    EXPECT_TRUE(std::abs(mantissa - 1) < 1e-6 || std::abs(mantissa - 2) < 1e-6 ||
+                std::abs(mantissa - 5) < 1e-6)
+        << lo << " " << hi << " step " << step;
+    for (double v : t) EXPECT_NEAR(v / step, std::round(v / step), 1e-6) << v;
+  }
+  EXPECT_EQ(axis_ticks(0, 300), (std::vector<double>{0, 100, 200, 300}));
 }
 
 TEST_F(EvalTest, InspectShowsHistogramsTrendsAndWarnings) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "minimind/util/atomic_file.h"
 
@@ -41,37 +42,61 @@ std::string num(double v) {
   return fmt::format("{:.3g}", v);
 }
 
-// A line chart with axes, min/max labels, a legend and dashed red lines at event steps.
+// A tick's text: as many decimals as the tick step needs.
+std::string tick_label(double v, double step) {
+  if (std::abs(v) < step * 1e-6) return "0";
+  if (std::abs(v) >= 1e6 || step < 1e-4) return fmt::format("{:g}", v);
+  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+  return fmt::format("{:.{}f}", v, decimals);
+}
+
+// Horizontal axis, shared by every chart: steps 0 .. the last tick at or after x_max.
+struct StepAxis {
+  std::vector<double> ticks;
+  double end;
+  explicit StepAxis(double x_max) : ticks(axis_ticks(0, std::max(x_max, 1.0))), end(ticks.back()) {}
+};
+
+std::string step_ticks(const StepAxis& axis, double L, double W, double R, double y) {
+  std::string svg;
+  const double step = axis.ticks.size() > 1 ? axis.ticks[1] - axis.ticks[0] : 1;
+  for (double t : axis.ticks)
+    svg +=
+        fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
+                    L + (W - L - R) * t / axis.end, y, tick_label(t, step));
+  return svg;
+}
+
+// A line chart: round ticks and grid lines on both axes, a legend, and dashed red lines at
+// event steps.
 std::string line_chart(const std::string& title, const std::vector<Series>& series,
-                       const std::vector<int64_t>& events, double x_max, bool log_y = false) {
-  const double W = 560, H = 220, L = 56, R = 12, T = 28, B = 34;
-  double y_min = INFINITY, y_max = -INFINITY;
+                       const std::vector<int64_t>& events, const StepAxis& axis) {
+  const double W = 560, H = 230, L = 56, R = 16, T = 28, B = 44;
+  double lo = INFINITY, hi = -INFINITY;
   for (const auto& s : series)
-    for (const auto& [x, y] : s.points) {
-      const double v = log_y ? std::log10(std::max(y, 1e-12)) : y;
-      y_min = std::min(y_min, v), y_max = std::max(y_max, v);
-    }
-  if (!std::isfinite(y_min)) y_min = 0, y_max = 1;
-  if (y_max - y_min < 1e-12) y_max = y_min + 1;
-  x_max = std::max(x_max, 1.0);
-  auto px = [&](double x) { return L + (W - L - R) * x / x_max; };
-  auto py = [&](double y) {
-    const double v = log_y ? std::log10(std::max(y, 1e-12)) : y;
-    return T + (H - T - B) * (1 - (v - y_min) / (y_max - y_min));
-  };
+    for (const auto& [x, y] : s.points) lo = std::min(lo, y), hi = std::max(hi, y);
+  if (!std::isfinite(lo)) lo = 0, hi = 1;
+  const std::vector<double> yt = axis_ticks(lo, hi);
+  const double y_min = yt.front(), y_max = yt.back(), y_step = yt[1] - yt[0];
+  auto px = [&](double x) { return L + (W - L - R) * x / axis.end; };
+  auto py = [&](double y) { return T + (H - T - B) * (1 - (y - y_min) / (y_max - y_min)); };
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" class=\"chart\">"
-      "<text x=\"{}\" y=\"18\" class=\"title\">{}</text>"
-      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>",
-      W, H, L, esc(title), L, T, W - L - R, H - T - B);
-  auto ylabel = [&](double v) { return log_y ? num(std::pow(10, v)) : num(v); };
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4,
-                     T + 10, ylabel(y_max));
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", L - 4,
-                     H - B, ylabel(y_min));
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\">0</text>", L, H - B + 14);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step {}</text>",
-                     W - R, H - B + 14, num(x_max));
+      "<text x=\"{}\" y=\"18\" class=\"title\">{}</text>",
+      W, H, L, esc(title));
+  for (double t : yt)
+    svg += fmt::format(
+        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"gl\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" class=\"tick\" text-anchor=\"end\">{5}</text>",
+        L, W - R, py(t), L - 4, py(t) + 3.5, tick_label(t, y_step));
+  for (double t : axis.ticks)
+    svg += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"gl\"/>",
+                       px(t), T, H - B);
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>", L, T,
+                     W - L - R, H - T - B);
+  svg += step_ticks(axis, L, W, R, H - B + 13);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step</text>",
+                     W - R, H - B + 26);
   for (int64_t e : events)
     svg +=
         fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"event\"/>",
@@ -111,13 +136,14 @@ std::string share_color(double rel) {
 
 // Experts x steps heatmap of one layer (steps bucketed to at most 240 columns).
 std::string heatmap(int64_t layer, const std::vector<LoadRecord>& points,
-                    const std::vector<int64_t>& events, double x_max) {
+                    const std::vector<int64_t>& events, const StepAxis& axis) {
   const size_t E = points.empty() ? 0 : points[0].counts.size();
-  const double W = 560, L = 56, R = 12, T = 28,
+  const double W = 560, L = 56, R = 16, T = 28,
                cell_h = std::max(10.0, 120.0 / std::max<size_t>(E, 1));
-  const double H = T + cell_h * E + 22;
+  const double H = T + cell_h * E + 36;
   const size_t cols = std::min<size_t>(240, points.size());
-  const double cw = (W - L - R) / std::max<size_t>(cols, 1);
+  // Columns by step on the axis the line charts use (a record covers the step before it).
+  auto px = [&](double step) { return L + (W - L - R) * step / axis.end; };
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{:.0f}\" class=\"heatmap\" "
       "data-layer=\"{}\"><text x=\"{}\" y=\"18\" class=\"title\">Layer {}: expert share over steps "
@@ -132,27 +158,25 @@ std::string heatmap(int64_t layer, const std::vector<LoadRecord>& points,
         sum[e] += points[i].counts[e], total += points[i].counts[e];
     for (size_t e = 0; e < E; ++e) {
       const double rel = total > 0 ? sum[e] / total * E : 0;
+      const double x0 = px(static_cast<double>(points[lo].step - 1)),
+                   x1 = px(static_cast<double>(points[hi - 1].step));
       svg += fmt::format(
           "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\">"
           "<title>expert {} steps {}-{}: share {:.3f}</title></rect>",
-          L + c * cw, T + e * cell_h, cw + 0.3, cell_h, share_color(rel), e, points[lo].step,
+          x0, T + e * cell_h, x1 - x0 + 0.3, cell_h, share_color(rel), e, points[lo].step,
           points[hi - 1].step, rel / E);
     }
   }
   for (size_t e = 0; e < E; ++e)
     svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">e{}</text>",
                        L - 4, T + (e + 0.7) * cell_h, e);
-  for (int64_t ev : events) {
-    const double x = L + (W - L - R) * ev / std::max(x_max, 1.0);
+  for (int64_t ev : events)
     svg += fmt::format(
-        "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2:.1f}\" class=\"event\"/>", x, T - 4,
-        T + cell_h * E + 4);
-  }
-  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\">step {}</text>", L, H - 6,
-                     points.empty() ? 0 : points.front().step);
-  svg +=
-      fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\" text-anchor=\"end\">step {}</text>",
-                  W - R, H - 6, points.empty() ? 0 : points.back().step);
+        "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2:.1f}\" class=\"event\"/>", px(ev),
+        T - 4, T + cell_h * E + 4);
+  svg += step_ticks(axis, L, W, R, T + cell_h * E + 13);
+  svg += fmt::format("<text x=\"{}\" y=\"{:.0f}\" class=\"tick\" text-anchor=\"end\">step</text>",
+                     W - R, T + cell_h * E + 26);
   return svg + "</svg>";
 }
 
@@ -172,8 +196,31 @@ std::string legend() {
 
 }  // namespace
 
+std::vector<double> axis_ticks(double lo, double hi) {
+  if (!(hi > lo)) hi = lo + (lo == 0 ? 1 : std::abs(lo) * 0.1);
+  const double span = hi - lo;
+  const int k0 = static_cast<int>(std::floor(std::log10(span))) - 2;
+  double best_step = 0;
+  int best_n = 0;
+  for (int k = k0; k <= k0 + 3; ++k)
+    for (double m : {1.0, 2.0, 5.0}) {
+      const double step = m * std::pow(10.0, k);
+      const int n =
+          static_cast<int>(std::ceil(hi / step - 1e-9) - std::floor(lo / step + 1e-9)) + 1;
+      // 4 to 6 ticks, as close to 5 as the round steps allow.
+      const auto badness = [](int count) {
+        return std::abs(count - 5) + (count < 4 || count > 6) * 10;
+      };
+      if (best_n == 0 || badness(n) < badness(best_n)) best_step = step, best_n = n;
+    }
+  std::vector<double> ticks;
+  const double first = std::floor(lo / best_step + 1e-9);
+  for (int i = 0; i < best_n; ++i) ticks.push_back((first + i) * best_step);
+  return ticks;
+}
+
 std::string render_report(const RunLogs& logs) {
-  const double x_max = static_cast<double>(logs.last_step());
+  const StepAxis axis(static_cast<double>(logs.last_step()));
   std::vector<int64_t> all_events;
   for (const auto& c : logs.collapses) all_events.push_back(c.step);
 
@@ -184,10 +231,12 @@ std::string render_report(const RunLogs& logs) {
       "</title><style>"
       "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
       "h1{font-size:20px}h2{font-size:16px;margin:18px 0 6px}"
-      ".grid{display:flex;flex-wrap:wrap;gap:8px}"
+      ".grid{display:flex;flex-wrap:wrap;gap:8px;overflow-x:auto}.grid>svg{flex:none}"
+      ".scroll{overflow-x:auto}h1{overflow-wrap:anywhere}"
       ".title{font-size:13px;font-weight:bold}.tick{font-size:10px;fill:#555}.legend{font-size:"
       "10px}"
-      ".frame{fill:none;stroke:#bbb}.event{stroke:#d00;stroke-width:1.2;stroke-dasharray:4,3}"
+      ".frame{fill:none;stroke:#bbb}.gl{stroke:#eee}.event{stroke:#d00;stroke-width:1.2;stroke-"
+      "dasharray:4,3}"
       "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
       "</style></head><body>\n";
   html += "<h1>minimind-cpp run " + esc(logs.run_dir) + " — step " +
@@ -199,18 +248,19 @@ std::string render_report(const RunLogs& logs) {
   for (const auto& p : logs.eval) val.points.emplace_back(p.step, p.val_loss);
   html += "<h2>Loss and learning rate</h2><div class=\"grid\">" +
           line_chart("Loss (train: interval mean; val: held-out split)", {loss, val}, all_events,
-                     x_max) +
-          line_chart("Learning rate", {lr}, {}, x_max) + "</div>\n";
+                     axis) +
+          line_chart("Learning rate", {lr}, {}, axis) + "</div>\n";
 
   if (logs.train_load.empty()) {
     html += "<p>Dense model: no expert load.</p>";
   } else {
-    html += "<h2>Expert load per MoE layer</h2>" + legend() + "<div class=\"grid\">";
+    html += "<h2>Expert load per MoE layer</h2><div class=\"scroll\">" + legend() +
+            "</div><div class=\"grid\">";
     for (const auto& [layer, points] : logs.train_load) {
       std::vector<int64_t> ev;
       for (const auto& c : logs.collapses)
         if (c.layer == layer) ev.push_back(c.step);
-      html += heatmap(layer, points, ev, x_max);
+      html += heatmap(layer, points, ev, axis);
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
     std::vector<Series> maxvio, entropy;
@@ -231,9 +281,9 @@ std::string render_report(const RunLogs& logs) {
       entropy.push_back(en);
     }
     html +=
-        line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, x_max) +
+        line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
         line_chart("Normalised entropy per layer (1 = balanced, 0 = collapsed)", entropy,
-                   all_events, x_max) +
+                   all_events, axis) +
         "</div>\n";
   }
   html += "<h2>Collapse events</h2>";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "minimind/run/run_log.h"
 #include "minimind/train/observer.h"
@@ -11,6 +12,9 @@
 namespace minimind {
 
 std::string render_report(const RunLogs& logs);
+
+// 4 to 6 round axis values (steps of 1, 2 or 5 x 10^k): the first <= lo, the last >= hi.
+std::vector<double> axis_ticks(double lo, double hi);
 
 // Renders the report of run_dir into run_dir/report.html (atomically); returns its path.
 std::string write_report(const std::string& run_dir);
