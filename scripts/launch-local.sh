@@ -4,7 +4,7 @@
 # `torchrun --no_python --nproc_per_node N` would (Debian's torchrun crashes at start with
 # Python 3.11, see README "Several processes").
 #   scripts/launch-local.sh N COMMAND [ARGS...]
-#   e.g. scripts/launch-local.sh 2 build/app/minimind-train --config configs/moe.yaml
+#   e.g. scripts/launch-local.sh 2 minimind-train --config moe.yaml --out runs/moe-2ranks
 # MASTER_PORT defaults to 29500. Rank 0 prints to the terminal; ranks 1.. print only warnings
 # and errors. Ctrl-C (or SIGTERM) is passed to every rank, which stop together at the end of
 # the current step and checkpoint. If one rank fails, the others are stopped. The exit code
