@@ -664,7 +664,9 @@ TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
   // Starting again over an existing run needs --overwrite.
   TrainOptions again;
   again.out_dir = dir + "/split";
-  EXPECT_NE(error_of<TrainError>([&] { train(cfg, again); }).find("hint: use --resume"),
+  EXPECT_NE(error_of<TrainError>([&] {
+              train(cfg, again);
+            }).find("hint: continue it with --resume (from step_00000008)"),
             std::string::npos);
 }
 
