@@ -166,12 +166,12 @@ failing_rank() {  # failing_rank NAME SIGNAL TIMEOUT_S -> prints the seconds ran
     echo "FAIL: rank 0 still running 60 s after rank 1 got SIG$2" >&2
     exit 1
   fi
-  grep -q "failed — another rank" "$WORK/${1}0.log" || { echo "FAIL: no clear error" >&2; cat "$WORK/${1}0.log"; exit 1; }
+  grep -qE "failed — another rank|another rank has ended" "$WORK/${1}0.log" || { echo "FAIL: no clear error" >&2; cat "$WORK/${1}0.log"; exit 1; }
   [ -f "$WORK/$1/checkpoints/step_00000003/model.pth" ] || { echo "FAIL: checkpoint lost" >&2; exit 1; }
   echo $(( $(date +%s) - start ))
 }
 t=$(failing_rank dead KILL 60)
-echo "rank 1 killed: rank 0 stopped after ${t} s: $(grep -o 'all-reduce failed.*' "$WORK/dead0.log" | head -c 200)"
+echo "rank 1 killed: rank 0 stopped after ${t} s: $(grep -oE '(all-reduce failed|another rank has ended).*' "$WORK/dead0.log" | head -c 200)"
 t=$(failing_rank hung STOP 5)
 echo "rank 1 hung: rank 0 stopped after ${t} s (run.dist_timeout 5 s)"
 [ "$t" -ge 4 ] || { echo "FAIL: rank 0 stopped before the timeout" >&2; exit 1; }

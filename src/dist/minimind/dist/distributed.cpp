@@ -124,10 +124,19 @@ void Distributed::run(const char* what, const std::function<void()>& op) {
   try {
     op();
   } catch (const std::exception& e) {
+    const std::string why = e.what();
+    // The usual case: another rank ended (its own error says why, e.g. a refused run
+    // directory), closing its connections. Say that plainly rather than as a network fault.
+    if (why.find("Connection closed by peer") != std::string::npos)
+      throw DistError(
+          fmt::format("rank {} of {}: another rank has ended (stopped, failed or was "
+                      "killed: its own message, if any, says why); stopping too (the "
+                      "last checkpoint is intact)",
+                      env_.rank, env_.world_size));
     throw DistError(fmt::format(
         "rank {} of {}: {} failed — another rank stopped, crashed or did not answer within "
         "{} s; the job stops here (the last checkpoint is intact): {}",
-        env_.rank, env_.world_size, what, timeout_.count() / 1000.0, e.what()));
+        env_.rank, env_.world_size, what, timeout_.count() / 1000.0, why));
   }
   comm_seconds_ += watch.seconds();
 }
