@@ -1,15 +1,14 @@
 #include "minimind/data/tokenizer.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 
+#include "minimind/config.h"  // program_dir
 #include "minimind/data/spm_shim.h"
 
 namespace minimind {
@@ -27,22 +26,14 @@ struct SpmApi {
   decltype(&mm_spm_free) free;
 };
 
-std::string exe_dir() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/'));
-}
-
 const SpmApi& spm() {
   static const SpmApi api = [] {
     // Where the library may be: $MINIMIND_SPM_LIB, beside the program, an install's
     // lib/ directory, or the build tree this binary came from.
     std::vector<std::string> candidates;
     if (const char* env = std::getenv("MINIMIND_SPM_LIB")) candidates.push_back(env);
-    candidates.push_back(exe_dir() + "/libminimind_spm.so");
-    candidates.push_back(exe_dir() + "/../lib/libminimind_spm.so");
+    candidates.push_back(program_dir() + "/libminimind_spm.so");
+    candidates.push_back(program_dir() + "/../lib/libminimind_spm.so");
     candidates.push_back(MINIMIND_SPM_BUILD_PATH);
     void* lib = nullptr;
     std::string errors;
