@@ -49,6 +49,9 @@ class DistError : public Error {
   using Error::Error;
 };
 
+// The first line of an exception text (LibTorch's carry backtraces), at most max_chars long.
+std::string first_line(const std::string& what, size_t max_chars = std::string::npos);
+
 // The body of a main: runs it and turns any exception into one error line on the default
 // logger ("unexpected error: ..." for anything that is not an Error) and exit status 1.
 int run_main(const std::function<int()>& body);

@@ -65,12 +65,10 @@ c10::IValue read_pickle(const std::string& path) {
     return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                              c10::nullopt, c10::nullopt, c10::nullopt, reader);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
     throw WeightsError("'" + path +
                        "' is not a file written by torch.save (corrupt or "
                        "truncated?): " +
-                       what);
+                       first_line(e.what()));
   }
 }
 

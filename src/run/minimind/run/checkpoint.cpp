@@ -275,10 +275,9 @@ void restore_rng_state(const std::string& file) {
     if (!rng.isTensor()) throw std::runtime_error("it does not hold a tensor");
     gen.set_state(rng.toTensor());
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    throw CheckpointError("'" + file + "' is not a random-generator state: " +
-                              what.substr(0, std::min(what.find('\n'), size_t{200})),
-                          "the checkpoint is damaged; delete it to resume from the one before");
+    throw CheckpointError(
+        "'" + file + "' is not a random-generator state: " + first_line(e.what(), 200),
+        "the checkpoint is damaged; delete it to resume from the one before");
   }
 }
 

@@ -47,10 +47,7 @@ void load_optimizer_state(torch::optim::AdamW& optimizer, const std::string& fil
     try {
       torch::load(optimizer, file);
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      throw CheckpointError(
-          damaged(file, "is unreadable: " + what.substr(0, std::min(what.find('\n'), size_t{200}))),
-          hint);
+      throw CheckpointError(damaged(file, "is unreadable: " + first_line(e.what(), 200)), hint);
     }
     return;
   }
