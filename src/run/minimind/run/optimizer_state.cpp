@@ -64,31 +64,30 @@ void load_optimizer_state(torch::optim::AdamW& optimizer, const std::string& fil
     const torch::Tensor& s = step->second;
     if (s.dim() != 0 || s.scalar_type() != torch::kInt64 || s.item<int64_t>() < 0)
       throw CheckpointError(damaged(file, "entry '" + prefix + "step' is not a step count"), hint);
-    auto state = std::make_unique<torch::optim::AdamWParamState>();
-    state->step(s.item<int64_t>());
-    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-      const auto it = entries.find(prefix + moment);
+    // Takes a moment's entry out of `entries`, checked against the parameter.
+    auto moment = [&](const std::string& name) {
+      const auto it = entries.find(prefix + name);
       if (it == entries.end())
-        throw CheckpointError(damaged(file, "has no entry '" + prefix + moment + "'"), hint);
+        throw CheckpointError(damaged(file, "has no entry '" + prefix + name + "'"), hint);
       if (it->second.sizes() != params[i].sizes() ||
           it->second.scalar_type() != params[i].scalar_type())
         throw CheckpointError(
             damaged(file,
-                    "entry '" + prefix + moment + "' has shape " + c10::str(it->second.sizes()) +
+                    "entry '" + prefix + name + "' has shape " + c10::str(it->second.sizes()) +
                         " " + c10::toString(it->second.scalar_type()) + "; the parameter is " +
                         c10::str(params[i].sizes()) + " " + c10::toString(params[i].scalar_type())),
             hint);
       // A copy of its own: the pickle's storage is shared by every tensor read from it.
       torch::Tensor value = it->second.clone();
-      if (std::string(moment) == "exp_avg")
-        state->exp_avg(value);
-      else
-        state->exp_avg_sq(value);
-    }
+      entries.erase(it);
+      return value;
+    };
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(s.item<int64_t>());
+    state->exp_avg(moment("exp_avg"));
+    state->exp_avg_sq(moment("exp_avg_sq"));
+    entries.erase(step);
     states[i] = std::move(state);
-    entries.erase(prefix + "step");
-    entries.erase(prefix + "exp_avg");
-    entries.erase(prefix + "exp_avg_sq");
   }
   if (!entries.empty())
     throw CheckpointError(damaged(file, "has entry '" + entries.begin()->first +
