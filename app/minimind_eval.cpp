@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
       ->check(minimind_app::integer_in(1, int64_t{1} << 20));
   app.add_option("--threads", a.threads, "intra-op threads (default: one per core)")
-      ->check(minimind_app::integer_in(0, 1024));
+      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
   app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
   app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
