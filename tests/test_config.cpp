@@ -81,7 +81,8 @@ TEST(ConfigDefaults, DerivedIntermediateSizeMatchesMiniMind) {
 }
 
 TEST(ConfigPresets, ShippedConfigsLoadAndValidate) {
-  for (const char* name : {"moe.yaml", "dense.yaml", "minimind-3.yaml", "minimind-3-moe.yaml"}) {
+  for (const char* name : {"moe.yaml", "dense.yaml", "minimind-3.yaml", "minimind-3-moe.yaml",
+                           "moe-switch.yaml", "moe-deepseek.yaml", "minimind2-moe.yaml"}) {
     SCOPED_TRACE(name);
     EXPECT_NO_THROW(load_config(shipped(name), {}));
   }
@@ -189,6 +190,86 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
                {"model.hidden_size (default)"});
 }
 
+// The balancing lab's keys: defaults are MiniMind-3's; each bad value names key and line; a
+// pair that cannot work names both keys.
+TEST(ConfigBalancing, DefaultsAreMiniMind3) {
+  Config cfg = load_config_string("", "empty.yaml");
+  const ModelConfig& m = cfg.model;
+  EXPECT_EQ(m.aux_loss_scope, "batch");
+  EXPECT_EQ(m.router_z_loss_coef, 0.0);
+  EXPECT_EQ(m.scoring_func, "softmax");
+  EXPECT_EQ(m.router_bias_update_rate, 0.0);
+  EXPECT_EQ(m.capacity_factor, 0.0);
+  EXPECT_EQ(m.capacity_drop_policy, "probs");
+  EXPECT_EQ(m.n_shared_experts, 0);
+  EXPECT_FALSE(m.shared_expert_intermediate_size.has_value());
+  EXPECT_EQ(m.router, "learned");
+  // A shared expert's width defaults to the routed experts'.
+  LoadedConfig shared = load_config(shipped("moe-deepseek.yaml"), {});
+  EXPECT_EQ(*shared.config.model.shared_expert_intermediate_size, 112);
+}
+
+TEST(ConfigBalancing, BadValuesAndCombinationsNameTheKeys) {
+  const std::string moe = "model:\n  use_moe: true\n";
+  expect_error(moe + "  aux_loss_scope: token\n",
+               {"model.aux_loss_scope", "line 3", "\"batch\", \"sequence\", \"global\""});
+  expect_error(moe + "  scoring_func: tanh\n", {"model.scoring_func", "line 3", "sigmoid"});
+  expect_error(moe + "  router: expert_choice\n", {"model.router", "line 3", "hash"});
+  expect_error(moe + "  capacity_factor: 1.0\n  capacity_drop_policy: random\n",
+               {"model.capacity_drop_policy", "line 4", "position"});
+  expect_error(moe + "  capacity_factor: -1\n", {"model.capacity_factor", ">= 0"});
+  expect_error(moe + "  router_z_loss_coef: .nan\n", {"model.router_z_loss_coef", "line 3"});
+  expect_error(moe + "  router_z_loss_coef: -0.5\n", {"model.router_z_loss_coef", ">= 0"});
+  expect_error(moe + "  router_bias_update_rate: -0.001\n",
+               {"model.router_bias_update_rate", ">= 0"});
+  expect_error(moe + "  n_shared_experts: -1\n", {"model.n_shared_experts", ">= 0"});
+  expect_error(moe + "  n_shared_experts: 1\n  shared_expert_intermediate_size: 0\n",
+               {"model.shared_expert_intermediate_size", "> 0"});
+  // Combinations: both keys, both origins.
+  expect_error("model:\n  n_shared_experts: 1\n",
+               {"model.n_shared_experts (test.yaml line 2)", "model.use_moe = false"});
+  expect_error(
+      moe +
+          "  router: random\n  router_bias_update_rate: 0.001\n  "
+          "router_aux_loss_coef: 0\n",
+      {"model.router_bias_update_rate (test.yaml line 4)", "model.router (test.yaml line 3)"});
+  expect_error(moe + "  router: hash\n", {"model.router_aux_loss_coef (default)",
+                                          "model.router (test.yaml line 3)", "set it to 0"});
+  expect_error(
+      moe + "  router: hash\n  router_aux_loss_coef: 0\n  num_experts_per_tok: 2\n",
+      {"model.num_experts_per_tok (test.yaml line 5)", "model.router", "exactly one expert"});
+  expect_error(moe + "  router: random\n  router_aux_loss_coef: 0\n  capacity_factor: 1.25\n",
+               {"model.capacity_factor", "model.router"});
+  expect_error(moe + "  shared_expert_intermediate_size: 64\n",
+               {"model.shared_expert_intermediate_size", "model.n_shared_experts"});
+  // Sound combinations pass; the control routers work with shared experts and pad mode.
+  EXPECT_EQ(error_of(moe + "  router: hash\n  router_aux_loss_coef: 0\n  n_shared_experts: 1\n"
+                           "data:\n  mode: pad\n"),
+            "");
+}
+
+TEST(ConfigBalancing, QuestionablePairsWarnAndSayWhy) {
+  auto warnings = [](const std::vector<std::string>& sets) {
+    return load_config(shipped("moe.yaml"), sets).warnings;
+  };
+  auto has = [](const std::vector<std::string>& w, const std::string& part) {
+    for (const auto& x : w)
+      if (x.find(part) != std::string::npos) return true;
+    return false;
+  };
+  // Megatron refuses the bias with softmax scoring; we warn and say why.
+  auto w = warnings({"model.router_bias_update_rate=0.001"});
+  EXPECT_TRUE(has(w, "Megatron refuses")) << (w.empty() ? "" : w[0]);
+  EXPECT_FALSE(has(warnings({"model.router_bias_update_rate=0.001", "model.scoring_func=sigmoid"}),
+                   "Megatron"));
+  EXPECT_TRUE(has(warnings({"model.router_aux_loss_coef=0", "model.aux_loss_scope=global"}),
+                  "no aux loss to scope"));
+  EXPECT_TRUE(has(warnings({"model.capacity_drop_policy=position"}), "no effect"));
+  EXPECT_TRUE(warnings({}).empty());
+  for (const char* preset : {"moe-switch.yaml", "moe-deepseek.yaml", "minimind2-moe.yaml"})
+    EXPECT_TRUE(load_config(shipped(preset), {}).warnings.empty()) << preset;
+}
+
 TEST(ConfigErrors, DuplicatesAndBadYaml) {
   expect_error("model:\n  hidden_size: 64\n  hidden_size: 128\n",
                {"'model.hidden_size' appears twice", "line 3"});
@@ -224,7 +305,10 @@ TEST(ConfigFile, PresetsAreFoundByName) {
             std::filesystem::canonical(test::source_path("data/austen.jsonl")));
   const std::string err = test::error_of<ConfigError>([] { find_config_file("mo"); });
   EXPECT_NE(err.find("no preset of that name"), std::string::npos) << err;
-  EXPECT_NE(err.find("dense, minimind-3-moe, minimind-3, moe"), std::string::npos) << err;
+  EXPECT_NE(
+      err.find("dense, minimind-3-moe, minimind-3, minimind2-moe, moe-deepseek, moe-switch, moe"),
+      std::string::npos)
+      << err;
   EXPECT_NE(test::error_of<ConfigError>([] {
               find_config_file("configs/mo.yaml");
             }).find("no config file 'configs/mo.yaml'"),
@@ -287,14 +371,16 @@ TEST(ConfigRoundTrip, PythonYamlReadsTheSameValues) {
   Config cfg = load_config(test::source_path("configs/moe.yaml"), {"train.eps=1e-8"}).config;
   const std::string dir = test::temp_dir("pyyaml");
   test::write_text(dir + "/config.yaml", config_to_yaml(cfg));
-  const std::string check = std::string(MINIMIND_PYTHON) +
-                            " -c \"import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); "
-                            "sys.exit(0 if d['model']['rms_norm_eps'] == 1e-06 and "
-                            "d['train']['eps'] == 1e-08 and d['model']['rope_theta'] == 1e6 and "
-                            "all(not isinstance(v, str) or k in ('name', 'hidden_act', 'train', "
-                            "'val', 'tokenizer', 'mode', 'cache_dir') for s in d.values() for "
-                            "k, v in s.items()) else 1)\" " +
-                            dir + "/config.yaml";
+  const std::string check =
+      std::string(MINIMIND_PYTHON) +
+      " -c \"import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); "
+      "sys.exit(0 if d['model']['rms_norm_eps'] == 1e-06 and "
+      "d['train']['eps'] == 1e-08 and d['model']['rope_theta'] == 1e6 and "
+      "all(not isinstance(v, str) or k in ('name', 'hidden_act', 'train', "
+      "'val', 'tokenizer', 'mode', 'cache_dir', 'aux_loss_scope', 'scoring_func', "
+      "'capacity_drop_policy', 'router') for s in d.values() for "
+      "k, v in s.items()) else 1)\" " +
+      dir + "/config.yaml";
   EXPECT_EQ(std::system(check.c_str()), 0) << config_to_yaml(cfg);
   EXPECT_EQ(config_to_yaml(load_config_string(config_to_yaml(cfg), "back")), config_to_yaml(cfg));
 }

@@ -33,10 +33,21 @@ namespace {
 constexpr double kTol = 1e-5;
 
 const std::vector<std::string> kCases = {
-    "dense_train",           "dense_eval",           "dense_untied_train",
-    "moe_top1_norm_train",   "moe_top1_norm_eval",   "moe_top1_nonorm_train",
-    "moe_top1_nonorm_eval",  "moe_top2_norm_train",  "moe_top2_norm_eval",
-    "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train"};
+    "dense_train", "dense_eval", "dense_untied_train", "moe_top1_norm_train", "moe_top1_norm_eval",
+    "moe_top1_nonorm_train", "moe_top1_nonorm_eval", "moe_top2_norm_train", "moe_top2_norm_eval",
+    "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train",
+    // The balancing lab (docs/moe-routing.md): each method at k = 1 and 2, two micro-batches
+    // per step, then the presets' combinations.
+    "lab_seq_aux_top1", "lab_seq_aux_top2", "lab_global_aux_top1", "lab_global_aux_top2",
+    "lab_zloss_top1", "lab_zloss_top2", "lab_sigmoid_top1", "lab_sigmoid_top2",
+    "lab_bias_sigmoid_top1", "lab_bias_softmax_top2", "lab_capacity_probs_top1",
+    "lab_capacity_position_top1", "lab_capacity_probs_top2", "lab_capacity_position_top2",
+    "lab_shared_top1", "lab_shared_top2", "lab_random_top1", "lab_random_top2", "lab_hash_top1",
+    "lab_switch", "lab_deepseek", "lab_minimind2"};
+
+// The reference seeds torch's generator with this before the first forward and before the
+// steps (the random router draws from it).
+constexpr uint64_t kSeedForward = 7;
 
 std::string fixtures_dir() {
   const char* d = std::getenv("MINIMIND_FIXTURES");
@@ -93,6 +104,7 @@ TEST_P(Parity, MatchesReference) {
   torch::Tensor ids = fx.at("input_ids").toTensor(), labels = fx.at("labels").toTensor();
 
   ForwardOutput out;
+  torch::manual_seed(kSeedForward);
   {
     c10::optional<torch::NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
@@ -101,9 +113,28 @@ TEST_P(Parity, MatchesReference) {
   const double d_logits = max_abs_diff(out.logits, fx.at("logits").toTensor());
   const double d_loss = max_abs_diff(out.loss, fx.at("loss").toTensor());
   const double d_aux = max_abs_diff(out.aux_loss, fx.at("aux_loss").toTensor());
+  const double d_z = max_abs_diff(out.z_loss, fx.at("z_loss").toTensor());
   EXPECT_LE(d_logits, kTol);
   EXPECT_LE(d_loss, kTol);
   EXPECT_LE(d_aux, kTol);
+  EXPECT_LE(d_z, kTol);
+  // Capacity: every (token, slot) assignment kept or dropped as the reference's loop over
+  // each expert's assignments decided (the fixtures include overflowing experts).
+  if (fx.contains("keep")) {
+    torch::Tensor ref_keep = fx.at("keep").toTensor();  // [L, N, k]
+    ASSERT_EQ(out.layer_keep.size(), static_cast<size_t>(ref_keep.size(0)));
+    torch::Tensor keep = torch::stack(out.layer_keep);
+    EXPECT_FALSE(ref_keep.all().item<bool>()) << "no assignment dropped: the case tests nothing";
+    EXPECT_TRUE(torch::equal(keep, ref_keep))
+        << (keep != ref_keep).nonzero() << " differ (layer, token, slot)";
+    // The logged dropped count: the dropped slots of real (non-padding) tokens.
+    torch::Tensor real = (ids.reshape({-1}) != 0).unsqueeze(1).expand_as(ref_keep[0]);  // [N, k]
+    for (int64_t l = 0; l < ref_keep.size(0); ++l)
+      EXPECT_EQ(out.layer_dropped[static_cast<size_t>(l)].item<int64_t>(),
+                ref_keep[l].logical_not().logical_and(real).sum().item<int64_t>());
+  } else {
+    EXPECT_TRUE(out.layer_keep.empty());
+  }
   if (fx.contains("counts")) {
     EXPECT_TRUE(torch::equal(torch::stack(out.expert_counts), fx.at("counts").toTensor()))
         << torch::stack(out.expert_counts) << "\nvs reference\n"
@@ -111,11 +142,11 @@ TEST_P(Parity, MatchesReference) {
   } else {
     EXPECT_TRUE(out.expert_counts.empty());
   }
-  std::string report =
-      "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) + ", aux " + c10::str(d_aux);
+  std::string report = "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) + ", aux " +
+                       c10::str(d_aux) + ", z " + c10::str(d_z);
 
   if (train) {
-    (out.loss + out.aux_loss).backward();
+    (out.loss + out.aux_loss + out.z_loss).backward();
     auto ref_grads = tensor_map(fx.at("grads"));
     double d_grad = 0;
     size_t seen = 0;
@@ -140,14 +171,17 @@ TEST_P(Parity, MatchesReference) {
     torch::Tensor ref_losses = fx.at("step_losses").toTensor();
     double d_steps = 0;
     clear_gradients(params);  // the gradient check above left its gradients
+    // Lab cases: two micro-batches per step (accumulation 2), as the reference.
+    std::vector<Batch> micro{{ids, labels}};
+    if (fx.contains("input_ids2"))
+      micro.push_back({fx.at("input_ids2").toTensor(), fx.at("labels2").toTensor()});
+    size_t next = 0;
+    torch::manual_seed(kSeedForward);
     for (int64_t s = 0; s < ref_losses.size(0); ++s) {
-      // The trainer's own step: backward, fill, clip, AdamW, clear_gradients.
+      // The trainer's own step: backward, fill, clip, AdamW, bias update, clear_gradients.
       StepStats st = optimizer_step(
-          model, *opt,
-          [&] {
-            return Batch{ids, labels};
-          },
-          1, tc.grad_clip, tc.learning_rate);
+          model, *opt, [&] { return micro[next++ % micro.size()]; },
+          static_cast<int64_t>(micro.size()), tc.grad_clip, tc.learning_rate);
       const double d = std::abs(st.loss - ref_losses[s].item<double>());
       EXPECT_LE(d, kTol) << "step " << s;
       d_steps = std::max(d_steps, d);
@@ -159,6 +193,17 @@ TEST_P(Parity, MatchesReference) {
     EXPECT_LE(d_weights, kTol);
     report += ", grads " + c10::str(d_grad) + ", 5-step losses " + c10::str(d_steps) +
               ", weights after " + c10::str(d_weights);
+    // Aux-loss-free balancing: the bias after the steps' sign updates.
+    const std::vector<torch::Tensor> biases = model->router_biases();
+    if (fx.contains("bias_after")) {
+      ASSERT_FALSE(biases.empty());
+      const double d_bias = max_abs_diff(torch::stack(biases), fx.at("bias_after").toTensor());
+      EXPECT_LE(d_bias, kTol);
+      EXPECT_GT(torch::stack(biases).abs().max().item<double>(), 0.0) << "the bias never moved";
+      report += ", bias " + c10::str(d_bias);
+    } else {
+      EXPECT_TRUE(biases.empty());
+    }
   }
   std::printf("[parity] %-28s max |diff|: %s\n", name.c_str(), report.c_str());
 }
@@ -185,7 +230,10 @@ TEST(ParityWeights, ReadsPythonFp16Weights) {
 // Weights saved by C++ load in the Python reference with strict=True and give the same loss.
 TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
   torch::set_num_threads(1);
-  for (const std::string name : {"dense_train", "dense_untied_train", "moe_top2_norm_train"}) {
+  // lab_deepseek and lab_minimind2: shared experts under MiniMind2's names and the bias under
+  // HF DeepSeek-V3's, loaded strictly by the reference.
+  for (const std::string name : {"dense_train", "dense_untied_train", "moe_top2_norm_train",
+                                 "lab_deepseek", "lab_minimind2"}) {
     SCOPED_TRACE(name);
     auto fx = load_fixture(name);
     MiniMindForCausalLM model = build(fx, name);
@@ -193,6 +241,7 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
       // Move the weights away from the reference's so the check is not vacuous.
       torch::NoGradGuard no_grad;
       for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.01);
+      for (auto& b : model->router_biases()) b.add_(torch::randn_like(b) * 0.05);
     }
     model->eval();
     torch::NoGradGuard no_grad;

@@ -59,7 +59,7 @@ def main():
     fwd, bwd, optim, total = [], [], [], []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
-        _, loss, aux, _ = model(ids, ids)
+        _, loss, aux, _, _ = model(ids, ids)
         loss = loss + aux
         t1 = time.perf_counter()
         loss.backward()

@@ -25,7 +25,7 @@ def main():
     model.load_state_dict(state, strict=True)  # raises on any missing/unexpected name
     model.eval()
     with torch.no_grad():
-        _, loss, _, _ = model(case["input_ids"], case["labels"])
+        _, loss, _, _, _ = model(case["input_ids"], case["labels"])
     diff = abs(loss.item() - expected)
     print(f"python loss {loss.item():.8f}, C++ loss {expected:.8f}, |diff| {diff:.2e}")
     sys.exit(0 if diff <= 1e-5 else 1)

@@ -3,8 +3,15 @@
 
 For each case: a MiniMind-format weights file (<case>.weights.pth, as MiniMind's
 torch.save of a state dict) and <case>.pt with the config (YAML text), the inputs, and the
-reference results: logits, LM loss, aux loss, expert counts, every parameter gradient of
-(LM loss + aux loss), and the losses and final weights of 5 AdamW steps (lr 5e-4, clip 1.0).
+reference results: logits, LM loss, aux loss, z-loss, expert counts, every parameter
+gradient of (LM loss + aux loss + z-loss), and the losses and final weights of 5 AdamW steps
+(lr 5e-4, clip 1.0).
+
+The balancing-lab cases (lab_*) take each optimizer step over two micro-batches
+(accumulation 2: the global aux scope and the bias update depend on it), and also store the
+capacity keep masks and the selection bias after the steps. torch's generator is seeded
+with SEED_FORWARD right before the first forward and before the steps (the random router
+draws from it), as the C++ test does.
 
 Usage: /usr/bin/python3 make_fixtures.py OUT_DIR
 """
@@ -40,6 +47,40 @@ CASES = {
     "moe_top1_idle_expert_train": (dict(MOE, num_experts_per_tok=1, norm_topk_prob=False),
                                    "train", "idle_expert"),
 }
+
+# The balancing lab: each method alone at k = 1 and k = 2, and the presets' combinations.
+TOP1 = dict(MOE, num_experts_per_tok=1, norm_topk_prob=False)
+TOP2 = dict(MOE, num_experts_per_tok=2, norm_topk_prob=True)
+LAB = {
+    "lab_seq_aux_top1": dict(TOP1, aux_loss_scope="sequence"),
+    "lab_seq_aux_top2": dict(TOP2, aux_loss_scope="sequence"),
+    "lab_global_aux_top1": dict(TOP1, aux_loss_scope="global"),
+    "lab_global_aux_top2": dict(TOP2, aux_loss_scope="global"),
+    "lab_zloss_top1": dict(TOP1, router_z_loss_coef=0.01),
+    "lab_zloss_top2": dict(TOP2, router_z_loss_coef=0.01),
+    "lab_sigmoid_top1": dict(TOP1, scoring_func="sigmoid"),
+    "lab_sigmoid_top2": dict(TOP2, scoring_func="sigmoid"),
+    "lab_bias_sigmoid_top1": dict(TOP1, scoring_func="sigmoid", router_bias_update_rate=0.01),
+    "lab_bias_softmax_top2": dict(TOP2, router_bias_update_rate=0.01),
+    "lab_capacity_probs_top1": dict(TOP1, capacity_factor=1.0),
+    "lab_capacity_position_top1": dict(TOP1, capacity_factor=1.0, capacity_drop_policy="position"),
+    "lab_capacity_probs_top2": dict(TOP2, capacity_factor=1.0),
+    "lab_capacity_position_top2": dict(TOP2, capacity_factor=1.25, capacity_drop_policy="position"),
+    "lab_shared_top1": dict(TOP1, n_shared_experts=1),
+    "lab_shared_top2": dict(TOP2, n_shared_experts=2, shared_expert_intermediate_size=80),
+    "lab_random_top1": dict(TOP1, router="random", router_aux_loss_coef=0.0),
+    "lab_random_top2": dict(TOP2, router="random", router_aux_loss_coef=0.0),
+    "lab_hash_top1": dict(TOP1, router="hash", router_aux_loss_coef=0.0),
+    # configs/moe-switch.yaml, moe-deepseek.yaml and minimind2-moe.yaml at fixture size
+    "lab_switch": dict(TOP1, capacity_factor=1.25, router_z_loss_coef=1e-3, router_aux_loss_coef=1e-2),
+    "lab_deepseek": dict(MOE, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+                         n_shared_experts=1, scoring_func="sigmoid", router_bias_update_rate=1e-3,
+                         aux_loss_scope="sequence", router_aux_loss_coef=1e-4),
+    "lab_minimind2": dict(TOP2, n_shared_experts=1, aux_loss_scope="sequence",
+                          router_aux_loss_coef=0.01),
+}
+CASES.update({name: (keys, "train", "lab") for name, keys in LAB.items()})
+SEED_FORWARD = 7
 
 STEPS, LR, CLIP = 5, 5e-4, 1.0
 
@@ -84,32 +125,55 @@ def run_case(name, keys, mode, special, out_dir):
     fixture = {"config_yaml": yaml.safe_dump({"model": keys, "data": {"max_seq_len": 32}}),
                "mode": mode,
                "input_ids": ids, "labels": labels}
+    micro = [(ids, labels)]
+    if special == "lab":  # a second micro-batch for the accumulated steps
+        ids2, labels2 = padded_batch(gen, cfg.vocab_size, 20, [16, 12, 7])
+        fixture.update(input_ids2=ids2, labels2=labels2)
+        micro.append((ids2, labels2))
     model.train(mode == "train")
+    torch.manual_seed(SEED_FORWARD)
     if mode == "eval":
         with torch.no_grad():
-            logits, loss, aux, counts = model(ids, labels)
+            logits, loss, aux, z, counts = model(ids, labels)
     else:
-        logits, loss, aux, counts = model(ids, labels)
-        (loss + aux).backward()
+        logits, loss, aux, z, counts = model(ids, labels)
+        (loss + aux + z).backward()
         fixture["grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
-    fixture.update(logits=logits.detach(), loss=loss.detach(), aux_loss=aux.detach())
+    fixture.update(logits=logits.detach(), loss=loss.detach(), aux_loss=aux.detach(),
+                   z_loss=z.detach())
     if counts:
         fixture["counts"] = torch.stack(counts)
+    if model.model.keeps:
+        keep = torch.stack(model.model.keeps)
+        assert not keep.all(), f"{name}: no expert overflowed; the capacity case tests nothing"
+        fixture["keep"] = keep
 
     if mode == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.01)
+        moe = [l.mlp for l in model.model.layers if hasattr(l.mlp, "update_bias")]
         losses = []
+        torch.manual_seed(SEED_FORWARD)
         for _ in range(STEPS):
             opt.zero_grad(set_to_none=True)
-            _, loss, aux, _ = model(ids, labels)
-            total = loss + aux
-            total.backward()
+            step, total, step_counts = {"counts": None, "tokens": 0.0}, 0.0, None
+            for m_ids, m_labels in micro:  # loss / A per micro-batch, as MiniMind accumulates
+                _, loss, aux, z, counts = model(m_ids, m_labels, step)
+                ((loss + aux + z) / len(micro)).backward()
+                total += (loss + aux + z).item() / len(micro)
+                c = torch.stack(counts) if counts else None
+                step_counts = c if step_counts is None else step_counts + c
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
-            losses.append(total.item())
+            for layer, m in enumerate(moe):
+                m.update_bias(step_counts[layer])
+            losses.append(total)
         fixture["step_losses"] = torch.tensor(losses, dtype=torch.float64)
         fixture["weights_after"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        biases = [m.gate.e_score_correction_bias.clone() for m in moe
+                  if m.c.router_bias_update_rate > 0]
+        if biases:
+            fixture["bias_after"] = torch.stack(biases)
     torch.save(fixture, os.path.join(out_dir, f"{name}.pt"))
 
 

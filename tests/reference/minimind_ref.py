@@ -20,6 +20,10 @@ class MiniMindConfig:
         hidden_act="silu", intermediate_size=None, dropout=0.0, tie_word_embeddings=True,
         use_moe=False, num_experts=4, num_experts_per_tok=1, moe_intermediate_size=None,
         norm_topk_prob=True, router_aux_loss_coef=5e-4,
+        # the balancing lab (docs/moe-routing.md, "Balancing methods, exactly")
+        aux_loss_scope="batch", router_z_loss_coef=0.0, scoring_func="softmax",
+        router_bias_update_rate=0.0, capacity_factor=0.0, capacity_drop_policy="probs",
+        n_shared_experts=0, shared_expert_intermediate_size=None, router="learned",
     )
 
     def __init__(self, **kw):
@@ -32,6 +36,8 @@ class MiniMindConfig:
             self.intermediate_size = math.ceil(self.hidden_size * math.pi / 64) * 64
         if self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size
+        if self.shared_expert_intermediate_size is None:
+            self.shared_expert_intermediate_size = self.moe_intermediate_size
         self.head_dim = self.hidden_size // self.num_attention_heads
 
 
@@ -116,39 +122,109 @@ class FeedForward(nn.Module):
 
 
 class MOEFeedForward(nn.Module):
-    """MiniMind's masked per-expert loop, kept as it is (the C++ uses a sorted dispatch)."""
+    """MiniMind's masked per-expert loop, kept as it is (the C++ uses a sorted dispatch),
+    with each balancing method of the lab written out the plain way: capacity by a loop
+    over each expert's assignments, sequence aux by per-row bincounts."""
 
     def __init__(self, c):
         super().__init__()
         self.c = c
-        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        if c.router == "learned":
+            self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+            if c.router_bias_update_rate > 0:  # HF DeepSeek-V3's name
+                self.gate.register_buffer("e_score_correction_bias", torch.zeros(c.num_experts))
         self.experts = nn.ModuleList([FeedForward(c, c.moe_intermediate_size) for _ in range(c.num_experts)])
-        self.aux_loss = None
-        self.topk_idx = None
+        if c.n_shared_experts > 0:  # MiniMind2-MoE's name
+            self.shared_experts = nn.ModuleList(
+                [FeedForward(c, c.shared_expert_intermediate_size) for _ in range(c.n_shared_experts)])
+        self.aux_loss = self.z_loss = None
+        self.topk_idx = self.keep = None
+        self.global_parts = None  # (counts of all tokens [E], mean probs [E]) for the global scope
 
-    def forward(self, x):
-        b, t, h = x.shape
+    def route(self, x_flat, token_ids):
+        c, n, e, k = self.c, x_flat.shape[0], self.c.num_experts, self.c.num_experts_per_tok
+        if c.router == "random":
+            idx = torch.topk(torch.rand(n, e), k, dim=-1).indices
+            return torch.full((n, k), 1.0 / k), idx, None, None
+        if c.router == "hash":
+            return torch.ones(n, 1), (token_ids % e).unsqueeze(1), None, None
+        logits = self.gate(x_flat)
+        if c.scoring_func == "sigmoid":
+            scores = torch.sigmoid(logits)
+            probs = scores / scores.sum(dim=-1, keepdim=True)
+        else:
+            scores = probs = F.softmax(logits, dim=-1)
+        if c.router_bias_update_rate > 0:
+            bias = self.gate.e_score_correction_bias
+            idx = torch.topk(scores.detach() + bias, k, dim=-1, sorted=False).indices
+            weight = scores.gather(1, idx)
+        else:
+            weight, idx = torch.topk(scores, k=k, dim=-1, sorted=False)
+        if c.norm_topk_prob:
+            weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+        return weight, idx, probs, logits
+
+    def capacity(self, weight, idx):
+        """keep[n, j]: False for the (token, slot) assignments over an expert's capacity."""
+        c, (n, k), e = self.c, idx.shape, self.c.num_experts
+        keep = torch.ones(n, k, dtype=torch.bool)
+        cap = math.ceil(c.capacity_factor * (k * n) / e)
+        for i in range(e):
+            slots = [(t, j) for t in range(n) for j in range(k) if idx[t, j] == i]
+            if c.capacity_drop_policy == "probs":  # highest weight first; ties keep token order
+                slots.sort(key=lambda s: -weight[s[0], s[1]].item())
+            for t, j in slots[cap:]:
+                keep[t, j] = False
+        return keep
+
+    def forward(self, x, token_ids):
+        c, (b, t, h) = self.c, x.shape
+        e = c.num_experts
         x_flat = x.view(-1, h)
-        scores = F.softmax(self.gate(x_flat), dim=-1)
-        topk_weight, topk_idx = torch.topk(scores, k=self.c.num_experts_per_tok, dim=-1, sorted=False)
-        if self.c.norm_topk_prob:
-            topk_weight = topk_weight / (topk_weight.sum(dim=-1, keepdim=True) + 1e-20)
+        topk_weight, topk_idx, probs, logits = self.route(x_flat, token_ids)
+        keep = self.capacity(topk_weight, topk_idx) if c.capacity_factor > 0 else None
         y = torch.zeros_like(x_flat)
         for i, expert in enumerate(self.experts):
             mask = topk_idx == i
+            if keep is not None:
+                mask = mask & keep
             if mask.any():
                 token_idx = mask.any(dim=-1).nonzero().flatten()
                 weight = topk_weight[mask].view(-1, 1)
                 y.index_add_(0, token_idx, (expert(x_flat[token_idx]) * weight).to(y.dtype))
             elif self.training:
                 y[0, 0] += 0 * sum(p.sum() for p in expert.parameters())
-        if self.training and self.c.router_aux_loss_coef > 0:
-            load = F.one_hot(topk_idx, self.c.num_experts).float().mean(0)
-            self.aux_loss = (load * scores.mean(0)).sum() * self.c.num_experts * self.c.router_aux_loss_coef
-        else:
-            self.aux_loss = scores.new_zeros(1).squeeze()
-        self.topk_idx = topk_idx  # load counts are taken in MiniMindModel.forward
+        for shared in getattr(self, "shared_experts", []):
+            y = y + shared(x_flat)
+
+        learned = probs is not None
+        self.aux_loss = self.z_loss = x.new_zeros(())
+        self.global_parts = None
+        if self.training and learned and c.router_aux_loss_coef > 0:
+            if c.aux_loss_scope == "sequence":
+                k = c.num_experts_per_tok
+                rows = topk_idx.view(b, t * k)
+                ce = torch.stack([torch.bincount(rows[r], minlength=e).float() for r in range(b)])
+                ce = ce / ((t * k) / e)
+                p_seq = probs.view(b, t, e).mean(dim=1)
+                self.aux_loss = (ce * p_seq).sum(dim=1).mean() * c.router_aux_loss_coef
+            elif c.aux_loss_scope == "global":
+                counts = torch.bincount(topk_idx.flatten(), minlength=e).double()
+                self.global_parts = (counts, probs.mean(0))
+            else:
+                load = F.one_hot(topk_idx, e).float().mean(0)
+                self.aux_loss = (load * probs.mean(0)).sum() * e * c.router_aux_loss_coef
+        if self.training and learned and c.router_z_loss_coef > 0:
+            self.z_loss = c.router_z_loss_coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
+        self.topk_idx, self.keep = topk_idx, keep  # load counts are taken in MiniMindModel.forward
         return y.view(b, t, h)
+
+    def update_bias(self, step_counts):
+        """Aux-loss-free balancing (DeepSeek-V3): b_e += u * sign(mean(c) - c_e)."""
+        if self.c.router_bias_update_rate > 0:
+            with torch.no_grad():
+                cnt = step_counts.float()
+                self.gate.e_score_correction_bias += torch.sign(cnt.mean() - cnt) * self.c.router_bias_update_rate
 
 
 class MiniMindBlock(nn.Module):
@@ -159,9 +235,10 @@ class MiniMindBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MOEFeedForward(c) if c.use_moe else FeedForward(c)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, token_ids):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        normed = self.post_attention_layernorm(h)
+        return h + (self.mlp(normed, token_ids) if isinstance(self.mlp, MOEFeedForward) else self.mlp(normed))
 
 
 class MiniMindModel(nn.Module):
@@ -175,16 +252,31 @@ class MiniMindModel(nn.Module):
         self.register_buffer("freqs_cos", cos, persistent=False)
         self.register_buffer("freqs_sin", sin, persistent=False)
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, step=None):
+        """step: {"counts": [L, E] float64 or None, "tokens": float}, the optimizer step's
+        running counts for the global aux scope (None: a step of this micro-batch alone)."""
         h = self.dropout(self.embed_tokens(input_ids))
+        token_ids = input_ids.flatten()
         for layer in self.layers:
-            h = layer(h, self.freqs_cos, self.freqs_sin)
+            h = layer(h, self.freqs_cos, self.freqs_sin, token_ids)
         moe = [l.mlp for l in self.layers if isinstance(l.mlp, MOEFeedForward)]
-        aux = sum([m.aux_loss for m in moe], h.new_zeros(1).squeeze())
+        layer_aux = [m.aux_loss for m in moe]
+        parts = [m.global_parts for m in moe if m.global_parts is not None]
+        if parts:
+            step = step if step is not None else {"counts": None, "tokens": 0.0}
+            counts = torch.stack([p[0] for p in parts])
+            step["counts"] = counts if step["counts"] is None else step["counts"] + counts
+            step["tokens"] += float(input_ids.numel())
+            f = (step["counts"] / step["tokens"]).float()
+            e, coef = moe[0].c.num_experts, moe[0].c.router_aux_loss_coef
+            layer_aux = [(f[l] * parts[l][1]).sum() * e * coef for l in range(len(parts))]
+        aux = sum(layer_aux, h.new_zeros(1).squeeze())
+        z = sum([m.z_loss for m in moe], h.new_zeros(1).squeeze())
         # Expert load over the real tokens: padding (id 0) is routed but not counted.
         real = (input_ids != 0).flatten()
         counts = [torch.bincount(m.topk_idx[real].flatten(), minlength=len(m.experts)) for m in moe]
-        return self.norm(h), aux, counts
+        self.keeps = [m.keep for m in moe if m.keep is not None]
+        return self.norm(h), aux, z, counts
 
 
 class MiniMindForCausalLM(nn.Module):
@@ -202,12 +294,12 @@ class MiniMindForCausalLM(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def forward(self, input_ids, labels=None):
-        h, aux, counts = self.model(input_ids)
+    def forward(self, input_ids, labels=None, step=None):
+        h, aux, z, counts = self.model(input_ids, step)
         logits = self.lm_head(h)
         loss = None
         if labels is not None:
             v = logits.size(-1)
             loss = F.cross_entropy(logits[..., :-1, :].contiguous().view(-1, v),
                                    labels[..., 1:].contiguous().view(-1), ignore_index=-100)
-        return logits, loss, aux, counts
+        return logits, loss, aux, z, counts

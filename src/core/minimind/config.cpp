@@ -22,14 +22,21 @@ int64_t ModelConfig::expert_ffn_size() const {
   return moe_intermediate_size ? *moe_intermediate_size : ffn_size();
 }
 
+int64_t ModelConfig::shared_ffn_size() const {
+  return shared_expert_intermediate_size ? *shared_expert_intermediate_size : expert_ffn_size();
+}
+
 double model_memory_bytes(const ModelConfig& m, bool training) {
   const double H = static_cast<double>(m.hidden_size);
   const double kv = static_cast<double>(m.num_key_value_heads) * static_cast<double>(m.head_dim());
   // q, o, k, v; two norms of H and, as MiniMind-3, q/k norms of head_dim
   const double attention = 2 * H * H + 2 * H * kv + 2 * H + 2 * static_cast<double>(m.head_dim());
   const double experts = m.use_moe ? static_cast<double>(m.num_experts) : 1.0;
-  const double ffn = experts * 3 * H * static_cast<double>(m.expert_ffn_size()) +
-                     (m.use_moe ? static_cast<double>(m.num_experts) * H : 0.0);
+  const double shared = m.use_moe ? static_cast<double>(m.n_shared_experts) : 0.0;
+  const double ffn =
+      experts * 3 * H * static_cast<double>(m.expert_ffn_size()) +
+      shared * 3 * H * static_cast<double>(m.shared_ffn_size()) +
+      (m.use_moe && m.learned_router() ? static_cast<double>(m.num_experts) * H : 0.0);
   const double dense_ffn = 3 * H * static_cast<double>(m.ffn_size());
   const double embeddings = static_cast<double>(m.vocab_size) * H * (m.tie_word_embeddings ? 1 : 2);
   const double params =
@@ -84,6 +91,15 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(model, moe_intermediate_size),
       MM_FIELD(model, norm_topk_prob),
       MM_FIELD(model, router_aux_loss_coef),
+      MM_FIELD(model, aux_loss_scope),
+      MM_FIELD(model, router_z_loss_coef),
+      MM_FIELD(model, scoring_func),
+      MM_FIELD(model, router_bias_update_rate),
+      MM_FIELD(model, capacity_factor),
+      MM_FIELD(model, capacity_drop_policy),
+      MM_FIELD(model, n_shared_experts),
+      MM_FIELD(model, shared_expert_intermediate_size),
+      MM_FIELD(model, router),
       MM_FIELD(data, train),
       MM_FIELD(data, val),
       MM_FIELD(data, val_fraction),
@@ -128,6 +144,32 @@ class Checker {
     msg << " (" << (it != cfg_.origin.end() ? it->second : "default") << "): " << what;
     throw ConfigError(msg.str());
   }
+  // A combination of two keys that cannot work together: names both, with their origins.
+  [[noreturn]] void conflict(const std::string& key, const std::string& other,
+                             const std::string& what) const {
+    fail(key, "cannot be combined with " + other + " (" + origin(other) + "): " + what);
+  }
+  std::string origin(const std::string& key) const {
+    auto it = cfg_.origin.find(key);
+    return it != cfg_.origin.end() ? it->second : "default";
+  }
+  bool set(const std::string& key) const { return cfg_.origin.count(key) > 0; }
+  void one_of(const std::string& key, const std::string& v,
+              std::initializer_list<const char*> allowed) const {
+    std::string list;
+    for (const char* a : allowed) {
+      if (v == a) return;
+      list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+    }
+    fail(key, "must be one of " + list + ", got \"" + v + "\"");
+  }
+  void non_negative_real(const std::string& key, double v) const {
+    if (!(std::isfinite(v) && v >= 0)) {
+      std::ostringstream s;
+      s << "must be a finite number >= 0, got " << v;
+      fail(key, s.str());
+    }
+  }
   void positive(const std::string& key, int64_t v) const {
     if (v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
   }
@@ -153,6 +195,55 @@ class Checker {
  private:
   const Config& cfg_;
 };
+
+// The balancing lab's keys: each value alone, then the combinations that cannot work.
+void validate_balancing(const Checker& c, ModelConfig& m) {
+  c.one_of("model.aux_loss_scope", m.aux_loss_scope, {"batch", "sequence", "global"});
+  c.non_negative_real("model.router_z_loss_coef", m.router_z_loss_coef);
+  c.one_of("model.scoring_func", m.scoring_func, {"softmax", "sigmoid"});
+  c.non_negative_real("model.router_bias_update_rate", m.router_bias_update_rate);
+  c.non_negative_real("model.capacity_factor", m.capacity_factor);
+  c.one_of("model.capacity_drop_policy", m.capacity_drop_policy, {"probs", "position"});
+  c.non_negative("model.n_shared_experts", m.n_shared_experts);
+  if (m.shared_expert_intermediate_size)
+    c.positive("model.shared_expert_intermediate_size", *m.shared_expert_intermediate_size);
+  c.one_of("model.router", m.router, {"learned", "random", "hash"});
+
+  // Keys that change a MoE layer mean nothing in a dense model.
+  const std::vector<std::pair<const char*, bool>> moe_only = {
+      {"model.aux_loss_scope", m.aux_loss_scope != "batch"},
+      {"model.router_z_loss_coef", m.router_z_loss_coef != 0},
+      {"model.scoring_func", m.scoring_func != "softmax"},
+      {"model.router_bias_update_rate", m.router_bias_update_rate != 0},
+      {"model.capacity_factor", m.capacity_factor != 0},
+      {"model.n_shared_experts", m.n_shared_experts != 0},
+      {"model.router", m.router != "learned"},
+  };
+  if (!m.use_moe)
+    for (const auto& [key, on] : moe_only)
+      if (on) c.conflict(key, "model.use_moe = false", "it changes MoE layers, and there are none");
+
+  // The control routers have no scores: nothing for a loss, a bias or a capacity ranking.
+  if (!m.learned_router()) {
+    const std::string why = "router \"" + m.router +
+                            "\" routes without a learned score; this key applies to the "
+                            "learned router only";
+    if (m.router_aux_loss_coef != 0)
+      c.conflict("model.router_aux_loss_coef", "model.router", why + " (set it to 0)");
+    for (const auto& [key, on] : moe_only)
+      if (on && std::string(key) != "model.router" && std::string(key) != "model.n_shared_experts")
+        c.conflict(key, "model.router", why);
+  }
+  if (m.router == "hash" && m.num_experts_per_tok != 1)
+    c.conflict("model.num_experts_per_tok", "model.router",
+               "the hash router sends each token to exactly one expert (token id mod "
+               "num_experts); set num_experts_per_tok: 1");
+  if (m.n_shared_experts == 0 && m.shared_expert_intermediate_size &&
+      c.set("model.shared_expert_intermediate_size"))
+    c.conflict("model.shared_expert_intermediate_size", "model.n_shared_experts",
+               "a width for shared experts, but there are none (set n_shared_experts >= 1)");
+  if (m.n_shared_experts > 0) m.shared_expert_intermediate_size = m.shared_ffn_size();
+}
 
 void validate_model(const Checker& c, ModelConfig& m) {
   c.positive("model.hidden_size", m.hidden_size);
@@ -191,6 +282,7 @@ void validate_model(const Checker& c, ModelConfig& m) {
                                             std::to_string(m.num_experts) + ")");
   if (!(std::isfinite(m.router_aux_loss_coef) && m.router_aux_loss_coef >= 0))
     c.fail("model.router_aux_loss_coef", "must be a finite number >= 0");
+  validate_balancing(c, m);
 
   // Resolve the derived widths so the saved config states them.
   m.intermediate_size = m.ffn_size();
@@ -268,7 +360,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
 
   std::vector<std::string> warnings;
   const ModelConfig& m = cfg.model;
-  if (m.use_moe && m.num_experts_per_tok == 1 && m.norm_topk_prob) {
+  if (m.use_moe && m.learned_router() && m.num_experts_per_tok == 1 && m.norm_topk_prob) {
     warnings.push_back(
         "model.num_experts_per_tok = 1 with model.norm_topk_prob = true: the single "
         "routing weight is renormalised to exactly 1.0, so the language-model loss sends "
@@ -277,11 +369,26 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "is then the router's softmax probability, as in Switch Transformer) or use "
         "num_experts_per_tok >= 2.");
   }
-  if (m.use_moe && m.router_aux_loss_coef == 0) {
+  if (m.use_moe && m.learned_router() && m.router_aux_loss_coef == 0 &&
+      m.router_bias_update_rate == 0 && m.capacity_factor == 0) {
     warnings.push_back(
         "model.router_aux_loss_coef = 0: nothing balances the experts; watch the "
         "expert-load logs for collapse.");
   }
+  if (m.use_moe && m.router_aux_loss_coef == 0 && m.aux_loss_scope != "batch")
+    warnings.push_back("model.aux_loss_scope = " + m.aux_loss_scope +
+                       " with model.router_aux_loss_coef = 0: there is no aux loss to scope.");
+  if (m.use_moe && m.router_bias_update_rate > 0 && m.scoring_func == "softmax")
+    warnings.push_back(
+        "model.router_bias_update_rate > 0 with model.scoring_func = softmax: the bias was "
+        "designed for DeepSeek-V3's independent sigmoid affinities (Megatron refuses this "
+        "pair). Softmax scores of one token compete, so a bias step of fixed size moves "
+        "selection by an amount that depends on how peaked the softmax is; consider "
+        "scoring_func: sigmoid.");
+  if (m.use_moe && m.capacity_factor == 0 && cfg.origin.count("model.capacity_drop_policy"))
+    warnings.push_back(
+        "model.capacity_drop_policy is set but model.capacity_factor = 0 (dropless): no "
+        "token is dropped, so the policy has no effect.");
   return warnings;
 }
 

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "minimind/config.h"
@@ -16,18 +17,18 @@
 namespace minimind {
 
 struct BlockOutput {
-  torch::Tensor hidden;    // [B, T, H]
-  torch::Tensor aux_loss;  // [] (undefined for a dense block)
-  torch::Tensor counts;    // [E] int64 (undefined for a dense block)
+  torch::Tensor hidden;  // [B, T, H]
+  MoEOutput moe;         // the MoE layer's routing (fields undefined for a dense block)
 };
 
 // h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
   explicit MiniMindBlockImpl(const ModelConfig& cfg);
-  // real: [B*T] bool, false at padding (only used for the MoE load counts).
+  // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
+  // [B*T] (only read by the hash router).
   BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
-                      const torch::Tensor& real = {});
+                      const torch::Tensor& real = {}, const torch::Tensor& token_ids = {});
 
   Attention self_attn{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -52,13 +53,30 @@ TORCH_MODULE(MiniMindModel);
 // Generation state: one KV cache per layer.
 using KVCache = std::vector<LayerKVCache>;
 
+// The optimizer step in progress, for the global aux-loss scope (Qwen, Megatron): the
+// assignment counts of the step's earlier micro-batches on every rank, and how to sum this
+// micro-batch's over the ranks. One per optimizer step; without it a forward is a step of
+// one micro-batch on one rank.
+struct StepRouting {
+  torch::Tensor counts;  // [L, E] float64 running sum over the step; undefined at its start
+  double tokens = 0;     // tokens counted in `counts`
+  std::function<void(torch::Tensor&)> sum_over_ranks;  // in place; empty: one rank
+};
+
 struct ForwardOutput {
   torch::Tensor logits;  // [B, T, V]
   torch::Tensor loss;    // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
   torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
+  torch::Tensor z_loss;    // [] sum over MoE layers of their router z-loss (0 unless on)
   std::vector<torch::Tensor> layer_aux;  // per MoE layer: [] its aux loss (detached)
   // per MoE layer: [E] int64 assignments per expert over the non-padding tokens (id != 0)
   std::vector<torch::Tensor> expert_counts;
+  std::vector<torch::Tensor> layer_z;        // per MoE layer: [] mean lse^2 (learned router)
+  std::vector<torch::Tensor> layer_dropped;  // per MoE layer: [] int64 (capacity on)
+  std::vector<torch::Tensor> layer_index;    // per MoE layer: [B*T, k] chosen experts
+  std::vector<torch::Tensor> layer_keep;     // per MoE layer: [B*T, k] kept (capacity on)
+  // per MoE layer: max over the batch's rows of the row's MaxVio (real tokens only)
+  std::vector<double> layer_seq_max_vio;
 };
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {
@@ -67,8 +85,15 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
 
   // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional).
   // cache: per-layer KV cache for generation (positions continue after its length).
+  // step: the optimizer step this forward belongs to (global aux scope; see StepRouting).
   ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
-                        KVCache* cache = nullptr);
+                        KVCache* cache = nullptr, StepRouting* step = nullptr);
+
+  // Aux-loss-free balancing after an optimizer step: each MoE layer's bias moves by its
+  // counts of the whole step (per layer [E], all micro-batches and ranks).
+  void update_router_bias(const std::vector<std::vector<int64_t>>& step_counts);
+  // Per MoE layer: its selection bias [E]; empty unless router_bias_update_rate > 0.
+  std::vector<torch::Tensor> router_biases() const;
 
   // The output projection [V, H]: embed_tokens.weight when tied (LibTorch cannot tie by
   // assignment), else lm_head.weight.

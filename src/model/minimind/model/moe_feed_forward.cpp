@@ -1,40 +1,140 @@
 #include "minimind/model/moe_feed_forward.h"
 
+#include <cmath>
+
 #include "minimind/model/linear.h"
 
 namespace minimind {
 
 MOEFeedForwardImpl::MOEFeedForwardImpl(const ModelConfig& cfg)
-    : num_experts_(cfg.num_experts),
-      top_k_(cfg.num_experts_per_tok),
-      norm_topk_prob_(cfg.norm_topk_prob),
-      aux_coef_(cfg.router_aux_loss_coef) {
-  gate = register_module("gate", linear_no_bias(cfg.hidden_size, num_experts_));
+    : cfg_(cfg), num_experts_(cfg.num_experts), top_k_(cfg.num_experts_per_tok) {
+  if (cfg.learned_router()) {
+    gate = register_module("gate", linear_no_bias(cfg.hidden_size, num_experts_));
+    if (cfg.router_bias_update_rate > 0)
+      bias_ = gate->register_buffer("e_score_correction_bias", torch::zeros({num_experts_}));
+  }
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < num_experts_; ++e) {
     expert_list_.emplace_back(cfg.hidden_size, cfg.expert_ffn_size());
     experts->push_back(expert_list_.back());
   }
+  if (cfg.n_shared_experts > 0) {
+    shared_experts = register_module("shared_experts", torch::nn::ModuleList());
+    for (int64_t s = 0; s < cfg.n_shared_experts; ++s) {
+      shared_list_.emplace_back(cfg.hidden_size, cfg.shared_ffn_size());
+      shared_experts->push_back(shared_list_.back());
+    }
+  }
 }
 
-MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real) {
+MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_flat,
+                                                      const torch::Tensor& token_ids) {
+  const int64_t N = x_flat.size(0);
+  Routing r;
+  if (cfg_.router == "random") {  // uniform k-subset per token, from torch's generator
+    r.index = std::get<1>(torch::topk(torch::rand({N, num_experts_}), top_k_, -1));  // [N, k]
+    r.weight = torch::full({N, top_k_}, 1.0 / static_cast<double>(top_k_), x_flat.options());
+    return r;
+  }
+  if (cfg_.router == "hash") {  // Roller et al.: expert = token id mod E
+    TORCH_CHECK(token_ids.defined(), "the hash router needs the token ids");
+    r.index = token_ids.remainder(num_experts_).unsqueeze(1);  // [N, 1]
+    r.weight = torch::ones({N, 1}, x_flat.options());
+    return r;
+  }
+  r.logits = gate(x_flat);  // [N, E]
+  torch::Tensor scores;
+  if (cfg_.scoring_func == "sigmoid") {
+    scores = torch::sigmoid(r.logits);                    // [N, E] independent affinities
+    r.probs = scores / scores.sum(-1, /*keepdim=*/true);  // [N, E] for the aux losses
+  } else {
+    scores = r.probs = torch::softmax(r.logits, -1);  // [N, E]
+  }
+  if (bias_.defined()) {
+    // The bias only chooses; the mixing weight is the unbiased score.
+    r.index = std::get<1>(torch::topk(scores.detach() + bias_, top_k_, -1, true, false));
+    r.weight = scores.gather(1, r.index);  // [N, k]
+  } else {
+    std::tie(r.weight, r.index) =
+        torch::topk(scores, top_k_, -1, /*largest=*/true, /*sorted=*/false);
+  }
+  if (cfg_.norm_topk_prob) r.weight = r.weight / (r.weight.sum(-1, /*keepdim=*/true) + 1e-20);
+  return r;
+}
+
+torch::Tensor MOEFeedForwardImpl::capacity_keep(const torch::Tensor& index,
+                                                const torch::Tensor& weight) const {
+  const int64_t N = index.size(0), E = num_experts_;
+  const auto capacity = static_cast<int64_t>(
+      std::ceil(cfg_.capacity_factor * static_cast<double>(top_k_ * N) / static_cast<double>(E)));
+  torch::Tensor flat = index.reshape({-1});  // [N*k] in token order, slots inside a token
+  // Rank the assignments inside each expert: "position" keeps token order, "probs" orders
+  // by routing weight first (a stable sort, so equal weights keep token order).
+  torch::Tensor order;
+  if (cfg_.capacity_drop_policy == "probs") {
+    torch::Tensor by_weight = std::get<1>(
+        torch::sort(weight.detach().reshape({-1}), /*stable=*/true, 0, /*descending=*/true));
+    torch::Tensor within =
+        std::get<1>(torch::sort(flat.index_select(0, by_weight), true, 0, false));
+    order = by_weight.index_select(0, within);  // [N*k] grouped by expert
+  } else {
+    order = std::get<1>(torch::sort(flat, /*stable=*/true, 0, false));
+  }
+  torch::Tensor counts = torch::bincount(flat, {}, E);        // [E]
+  torch::Tensor starts = torch::cumsum(counts, 0) - counts;   // [E] first slot of each expert
+  torch::Tensor sorted_expert = flat.index_select(0, order);  // [N*k]
+  torch::Tensor rank = torch::arange(flat.size(0)) - starts.index_select(0, sorted_expert);
+  torch::Tensor keep = torch::zeros({flat.size(0)}, torch::kBool);
+  keep.index_put_({order}, rank < capacity);
+  return keep.view(index.sizes());  // [N, k]
+}
+
+torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch) const {
+  const auto E = static_cast<double>(num_experts_);
+  if (cfg_.aux_loss_scope == "sequence") {
+    // MiniMind2 seq_aux / DeepSeek-V3: ce[b,e] = count of b's (t, slot) on e / (S*k/E).
+    const int64_t S = r.index.size(0) / batch;
+    torch::Tensor ce = torch::zeros({batch, num_experts_}, r.probs.options());  // [B, E]
+    ce.scatter_add_(1, r.index.reshape({batch, S * top_k_}),
+                    torch::ones({batch, S * top_k_}, r.probs.options()));
+    ce.div_(static_cast<double>(S * top_k_) / E);
+    torch::Tensor p = r.probs.view({batch, S, num_experts_}).mean(1);  // [B, E]
+    return (ce * p).sum(1).mean() * cfg_.router_aux_loss_coef;
+  }
+  // MiniMind's form keeps the top-k axis (load is [k, E]), so its floor is k * coef.
+  torch::Tensor load = torch::one_hot(r.index, num_experts_).to(torch::kFloat32).mean(0);
+  return (load * r.probs.mean(0)).sum() * E * cfg_.router_aux_loss_coef;
+}
+
+MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real,
+                                      const torch::Tensor& token_ids) {
   const int64_t H = x.size(-1);
-  torch::Tensor x_flat = x.reshape({-1, H});                // [N, H]
-  torch::Tensor scores = torch::softmax(gate(x_flat), -1);  // [N, E]
-  auto [weight, index] = torch::topk(scores, top_k_, -1, /*largest=*/true, /*sorted=*/false);
-  if (norm_topk_prob_) weight = weight / (weight.sum(-1, /*keepdim=*/true) + 1e-20);  // [N, k]
+  torch::Tensor x_flat = x.reshape({-1, H});  // [N, H]
+  const Routing r = route(x_flat, token_ids);
+  torch::Tensor weight = r.weight, index = r.index;  // [N, k]
+  MoEOutput out;
+  out.index = index;
 
   // Sorted dispatch: order the N*k (token, slot) assignments by expert so each expert
   // runs once on one contiguous slice; a stable sort keeps tokens ascending inside a
   // slice, so each expert sees its rows in the same order as MiniMind's masked loop.
-  torch::Tensor flat_index = index.reshape({-1});                        // [N*k]
-  torch::Tensor counts = torch::bincount(flat_index, {}, num_experts_);  // [E]
+  // Dropped assignments get expert id E and sort to the end, outside every slice.
+  torch::Tensor flat_index = index.reshape({-1});  // [N*k]
+  if (cfg_.capacity_factor > 0) {
+    out.keep = capacity_keep(index, weight);
+    flat_index = flat_index.masked_fill(out.keep.reshape({-1}).logical_not(), num_experts_);
+  }
+  const int64_t bins = num_experts_ + (out.keep.defined() ? 1 : 0);
+  torch::Tensor counts = torch::bincount(flat_index, {}, bins);  // [E] (+1: dropped)
   torch::Tensor order = std::get<1>(torch::sort(flat_index, /*stable=*/true, 0, false));
-  torch::Tensor token = torch::div(order, top_k_, "floor");  // [N*k]
-  torch::Tensor xs = x_flat.index_select(0, token);          // [N*k, H]
+  const int64_t kept =
+      flat_index.size(0) - (out.keep.defined() ? counts[num_experts_].item<int64_t>() : 0);
+  if (kept < flat_index.size(0)) order = order.narrow(0, 0, kept);
+  torch::Tensor token = torch::div(order, top_k_, "floor");  // [kept]
+  torch::Tensor xs = x_flat.index_select(0, token);          // [kept, H]
 
   std::vector<torch::Tensor> outs;
-  torch::Tensor unused_params;  // sum of the parameters of experts no token picked
+  torch::Tensor unused_params;  // sum of the parameters of experts no token reached
   const int64_t* count = counts.data_ptr<int64_t>();
   for (int64_t e = 0, offset = 0; e < num_experts_; ++e) {
     if (count[e] > 0) {
@@ -46,26 +146,62 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
       }
     }
   }
-  torch::Tensor ys = torch::cat(outs, 0);  // [N*k, H]
-  ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
-  torch::Tensor y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
+  torch::Tensor y;
+  if (outs.empty()) {  // every assignment dropped
+    y = torch::zeros_like(x_flat);
+  } else {
+    torch::Tensor ys = torch::cat(outs, 0);  // [kept, H]
+    ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
+    y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
+  }
   // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
   // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
   if (unused_params.defined()) y = y + 0 * unused_params;
+  for (auto& shared : shared_list_) y = y + shared(x_flat);  // always on, no gate
 
-  torch::Tensor aux;
-  if (is_training() && aux_coef_ > 0) {
-    // MiniMind's form keeps the top-k axis (load is [k, E]), so its floor is k * coef.
-    torch::Tensor load = torch::one_hot(index, num_experts_).to(torch::kFloat32).mean(0);
-    aux = (load * scores.mean(0)).sum() * static_cast<double>(num_experts_) * aux_coef_;
-  } else {
-    aux = torch::zeros({}, scores.options());
+  // Losses: only in training, only the learned router has scores.
+  const bool train_router = is_training() && cfg_.learned_router();
+  const torch::Tensor zero = torch::zeros({}, x.options());
+  out.aux_loss = out.z_loss = zero;
+  if (train_router && cfg_.router_aux_loss_coef > 0) {
+    if (cfg_.aux_loss_scope == "global") {
+      out.route_counts = torch::bincount(index.reshape({-1}), {}, num_experts_).to(torch::kFloat64);
+      out.probs_mean = r.probs.mean(0);  // [E]
+    } else {
+      out.aux_loss = aux_loss(r, x.size(0));
+    }
   }
-  if (real.defined()) {  // load statistics over real tokens only
-    torch::Tensor keep = real.unsqueeze(1).expand_as(index).reshape({-1});  // [N*k]
-    counts = torch::bincount(flat_index.masked_select(keep), {}, num_experts_);
+  if (r.logits.defined()) {
+    const bool z_trains = train_router && cfg_.router_z_loss_coef > 0;
+    c10::optional<torch::NoGradGuard> no_grad;  // logged only: keep it out of the graph
+    if (!z_trains) no_grad.emplace();
+    torch::Tensor z = torch::logsumexp(r.logits, -1).pow(2).mean();  // []
+    if (z_trains) out.z_loss = z * cfg_.router_z_loss_coef;
+    out.z = z.detach();
   }
-  return {y.view(x.sizes()), aux, counts};
+
+  // Load statistics over real tokens only, before dropping.
+  torch::Tensor real_slots;  // [N*k] bool
+  if (real.defined()) real_slots = real.unsqueeze(1).expand_as(index).reshape({-1});
+  const torch::Tensor chosen = index.reshape({-1});
+  out.counts = torch::bincount(real_slots.defined() ? chosen.masked_select(real_slots) : chosen, {},
+                               num_experts_);
+  if (out.keep.defined()) {
+    torch::Tensor dropped = out.keep.reshape({-1}).logical_not();
+    if (real_slots.defined()) dropped = dropped.logical_and(real_slots);
+    out.dropped = dropped.sum();
+  }
+  out.y = y.view(x.sizes());
+  return out;
+}
+
+void MOEFeedForwardImpl::update_bias(const std::vector<int64_t>& step_counts) {
+  if (!bias_.defined()) return;
+  TORCH_CHECK(static_cast<int64_t>(step_counts.size()) == num_experts_, "expected ", num_experts_,
+              " counts, got ", step_counts.size());
+  torch::NoGradGuard no_grad;
+  torch::Tensor c = torch::tensor(step_counts, torch::kInt64).to(torch::kFloat32);  // [E]
+  bias_.add_(torch::sign(c.mean() - c) * cfg_.router_bias_update_rate);
 }
 
 }  // namespace minimind

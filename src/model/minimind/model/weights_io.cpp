@@ -18,6 +18,8 @@ namespace minimind {
 NamedTensors state_dict(const MiniMindForCausalLM& model) {
   NamedTensors out;
   for (const auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
+  // Buffers that are state: the routers' selection bias (aux-loss-free balancing).
+  for (const auto& item : model->named_buffers()) out.emplace_back(item.key(), item.value());
   if (model->config().tie_word_embeddings)
     out.emplace_back("lm_head.weight", model->model->embed_tokens->weight);
   return out;
@@ -112,13 +114,16 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path) {
         << " mismatch" << (problems.size() > 1 ? "es" : "") << "):";
     for (size_t i = 0; i < problems.size() && i < 8; ++i) msg << "\n  " << problems[i];
     if (problems.size() > 8) msg << "\n  ...";
-    msg << "\nhint: check model.hidden_size, num_hidden_layers, use_moe and num_experts "
-           "against the checkpoint's config.";
+    msg << "\nhint: check model.hidden_size, num_hidden_layers, use_moe, num_experts, "
+           "n_shared_experts, router and router_bias_update_rate against the checkpoint's "
+           "config.";
     throw WeightsError(msg.str());
   }
 
   torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters())
+    item.value().copy_(file.at(item.key()).to(item.value().scalar_type()));
+  for (auto& item : model->named_buffers())
     item.value().copy_(file.at(item.key()).to(item.value().scalar_type()));
 }
 

@@ -43,6 +43,8 @@ struct TrainRecord {
   double tok_per_s = 0;                        // training tokens per second (eval excluded)
   double elapsed = 0;                          // training seconds of the run so far
   std::optional<double> allreduce_ms;          // per step, multi-process runs only
+  std::optional<double> z_loss;                // router z-loss (summed over layers), when it is on
+  std::optional<double> dropped;  // fraction of assignments capacity dropped, when it is on
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
@@ -50,6 +52,7 @@ struct TrainRecord {
     f("step", r.step), f("tokens", r.tokens), f("loss", r.loss), f("lm_loss", r.lm_loss);
     f("aux_loss", r.aux_loss), f("lr", r.lr), f("grad_norm", r.grad_norm);
     f("tok_per_s", r.tok_per_s), f("elapsed", r.elapsed), f("allreduce_ms", r.allreduce_ms);
+    f("z_loss", r.z_loss), f("dropped", r.dropped);
   }
 };
 
@@ -78,6 +81,11 @@ struct LoadRecord {
   int64_t dead = 0;                    // number of experts with no token
   std::vector<int64_t> dead_experts;   // which
   std::optional<double> aux_unscaled;  // the layer's aux loss / coef (training, coef > 0)
+  // The balancing lab (training records; null when the method is off):
+  std::optional<double> z;                  // mean_t logsumexp(router logits)^2
+  std::optional<double> dropped;            // fraction of the layer's assignments dropped
+  std::optional<std::vector<double>> bias;  // selection bias per expert after the step
+  std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
 
   static LoadRecord make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
                          std::optional<double> aux_unscaled = {});
@@ -88,7 +96,8 @@ struct LoadRecord {
     f("share", r.share), f("max_vio", r.max_vio), f("cv", r.cv), f("entropy", r.entropy);
     f("effective_experts", r.effective_experts), f("max_share", r.max_share);
     f("max_expert", r.max_expert), f("dead", r.dead), f("dead_experts", r.dead_experts);
-    f("aux_unscaled", r.aux_unscaled);
+    f("aux_unscaled", r.aux_unscaled), f("z", r.z), f("dropped", r.dropped), f("bias", r.bias);
+    f("seq_max_vio", r.seq_max_vio);
   }
 };
 

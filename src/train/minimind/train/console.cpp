@@ -52,10 +52,13 @@ void ConsoleObserver::on_step(const StepInfo& s) {
 void ConsoleObserver::on_interval(const IntervalInfo& i) {
   clear_status();
   const TrainRecord& r = i.record;
+  // z and dropped only when their method is on.
+  const std::string lab = (r.z_loss ? fmt::format(" | z {:.5f}", *r.z_loss) : "") +
+                          (r.dropped ? fmt::format(" | dropped {:.1f}%", 100 * *r.dropped) : "");
   log_.info(
-      "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | grad {:.3f} | "
+      "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f}{} | lr {:.2e} | grad {:.3f} | "
       "{:.0f} tok/s | ETA {}",
-      r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, r.lr, r.grad_norm, r.tok_per_s,
+      r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, lab, r.lr, r.grad_norm, r.tok_per_s,
       format_duration(eta_));
   log_load_rows("", i.counts);
 }

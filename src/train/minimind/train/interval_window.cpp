@@ -7,7 +7,13 @@ namespace minimind {
 void IntervalWindow::on_step(const StepInfo& s) {
   const StepStats& st = *s.stats;
   loss_ += st.loss, lm_ += st.lm_loss, aux_ += st.aux_loss, grad_norm_ += st.grad_norm;
-  comm_ += st.comm_seconds;
+  z_ += st.z_loss, comm_ += st.comm_seconds;
+  if (!st.layer_dropped.empty()) {
+    drops_ = true;
+    for (int64_t d : st.layer_dropped) dropped_ += d;
+    for (const auto& layer : st.counts.layers)
+      for (int64_t c : layer) assigned_ += c;
+  }
   ++steps_;
   tokens_ += st.tokens;
   counts_.add(st.counts);
@@ -22,19 +28,25 @@ void IntervalWindow::on_step(const StepInfo& s) {
   r.tok_per_s = tokens_ / std::max(1e-9, clock_.seconds());
   r.elapsed = s.run_seconds;
   if (multi_rank_) r.allreduce_ms = 1e3 * comm_ / n;
+  if (z_loss_on_) r.z_loss = z_ / n;
+  if (drops_)
+    r.dropped =
+        static_cast<double>(dropped_) / static_cast<double>(std::max<int64_t>(1, assigned_));
   info.counts = std::move(counts_);
   // The next interval starts empty.
-  loss_ = lm_ = aux_ = grad_norm_ = comm_ = 0;
-  steps_ = tokens_ = 0;
+  loss_ = lm_ = aux_ = z_ = grad_norm_ = comm_ = 0;
+  steps_ = tokens_ = dropped_ = assigned_ = 0;
+  drops_ = false;
   counts_ = ExpertCounts{};
   clock_.restart();
   out_.on_interval(info);
 }
 
 void IntervalWindow::save_state(nlohmann::json& into) const {
-  into["interval"] = {{"loss", loss_},           {"lm_loss", lm_},          {"aux_loss", aux_},
-                      {"grad_norm", grad_norm_}, {"comm_seconds", comm_},   {"steps", steps_},
-                      {"tokens", tokens_},       {"counts", counts_.layers}};
+  into["interval"] = {{"loss", loss_},       {"lm_loss", lm_},          {"aux_loss", aux_},
+                      {"z_loss", z_},        {"grad_norm", grad_norm_}, {"comm_seconds", comm_},
+                      {"steps", steps_},     {"tokens", tokens_},       {"counts", counts_.layers},
+                      {"dropped", dropped_}, {"assigned", assigned_},   {"drops", drops_}};
 }
 
 void IntervalWindow::restore_state(const nlohmann::json& from) {
@@ -45,6 +57,10 @@ void IntervalWindow::restore_state(const nlohmann::json& from) {
   grad_norm_ = w.at("grad_norm"), comm_ = w.at("comm_seconds");
   steps_ = w.at("steps"), tokens_ = w.at("tokens");
   counts_.layers = w.at("counts").get<std::vector<std::vector<int64_t>>>();
+  // Checkpoints from before the balancing lab have no z-loss or drop sums.
+  z_ = w.value("z_loss", 0.0);
+  dropped_ = w.value("dropped", int64_t{0}), assigned_ = w.value("assigned", int64_t{0});
+  drops_ = w.value("drops", false);
 }
 
 }  // namespace minimind

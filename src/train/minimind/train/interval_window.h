@@ -10,8 +10,10 @@ namespace minimind {
 class IntervalWindow : public Observer {
  public:
   // `out`: where the IntervalInfo goes (all observers). multi_rank: report all-reduce time.
-  IntervalWindow(int64_t interval, Observer& out, bool multi_rank)
-      : interval_(interval), out_(out), multi_rank_(multi_rank) {}
+  // z_loss_on: report the router z-loss (the dropped fraction is reported when steps
+  // report drops, i.e. with a capacity).
+  IntervalWindow(int64_t interval, Observer& out, bool multi_rank, bool z_loss_on = false)
+      : interval_(interval), out_(out), multi_rank_(multi_rank), z_loss_on_(z_loss_on) {}
   void on_step(const StepInfo& s) override;
   // Evaluation time is not training throughput.
   void on_eval(const EvalInfo&) override { clock_.restart(); }
@@ -22,9 +24,11 @@ class IntervalWindow : public Observer {
  private:
   int64_t interval_;
   Observer& out_;
-  bool multi_rank_;
-  double loss_ = 0, lm_ = 0, aux_ = 0, grad_norm_ = 0, comm_ = 0;
+  bool multi_rank_, z_loss_on_;
+  double loss_ = 0, lm_ = 0, aux_ = 0, z_ = 0, grad_norm_ = 0, comm_ = 0;
   int64_t steps_ = 0, tokens_ = 0;
+  int64_t dropped_ = 0, assigned_ = 0;  // capacity: dropped and all assignments, all layers
+  bool drops_ = false;                  // the steps report drops
   ExpertCounts counts_;
   Stopwatch clock_;
 };

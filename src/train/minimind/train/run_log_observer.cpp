@@ -1,5 +1,7 @@
 #include "minimind/train/run_log_observer.h"
 
+#include <algorithm>
+
 namespace minimind {
 
 void RunLogObserver::on_step(const StepInfo& s) {
@@ -7,8 +9,15 @@ void RunLogObserver::on_step(const StepInfo& s) {
   for (size_t l = 0; l < st.counts.layers.size(); ++l) {
     std::optional<double> aux;
     if (aux_coef_ > 0) aux = st.layer_aux[l] / aux_coef_;
-    writer_.write(LoadRecord::make(s.step, static_cast<int64_t>(l), "train",
-                                   routing_metrics(st.counts.layers[l]), aux));
+    const RoutingMetrics m = routing_metrics(st.counts.layers[l]);
+    LoadRecord r = LoadRecord::make(s.step, static_cast<int64_t>(l), "train", m, aux);
+    if (l < st.layer_z.size()) r.z = st.layer_z[l];
+    if (l < st.layer_dropped.size())
+      r.dropped = static_cast<double>(st.layer_dropped[l]) /
+                  static_cast<double>(std::max<int64_t>(1, m.total));
+    if (l < st.layer_bias.size()) r.bias = st.layer_bias[l];
+    if (l < st.layer_seq_max_vio.size()) r.seq_max_vio = st.layer_seq_max_vio[l];
+    writer_.write(r);
   }
 }
 

@@ -10,12 +10,18 @@ namespace minimind {
 
 struct StepStats {
   double loss = 0, lm_loss = 0, aux_loss = 0;  // means over the micro-batches
+  double z_loss = 0;                           // router z-loss, mean over the micro-batches
   double grad_norm = 0;                        // before clipping
   std::vector<double> layer_aux;               // per MoE layer, mean over micro-batches
   ExpertCounts counts;                         // per MoE layer, summed over micro-batches
-  int64_t tokens = 0;                          // input tokens of all micro-batches
-  bool finite = true;                          // false: nothing was applied
-  double comm_seconds = 0;                     // in all-reduces (multi-process runs)
+  // Per MoE layer, the balancing lab's figures (empty when the method is off):
+  std::vector<double> layer_z;                  // mean lse^2 of the router logits (learned router)
+  std::vector<int64_t> layer_dropped;           // assignments dropped by capacity (real tokens)
+  std::vector<double> layer_seq_max_vio;        // max over the step's rows of a row's MaxVio
+  std::vector<std::vector<double>> layer_bias;  // the selection bias after this step
+  int64_t tokens = 0;                           // input tokens of all micro-batches
+  bool finite = true;                           // false: nothing was applied
+  double comm_seconds = 0;                      // in all-reduces (multi-process runs)
 };
 
 }  // namespace minimind

@@ -1,5 +1,6 @@
 #include "minimind/train/train_step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "minimind/train/optim.h"
@@ -7,17 +8,42 @@
 namespace minimind {
 namespace {
 
-// Means of the losses and sums of counts and tokens over the ranks (two small all-reduces).
+// Adds `from` to `into` elementwise, growing `into` to its size.
+template <class T>
+void accumulate(std::vector<T>& into, const std::vector<T>& from) {
+  into.resize(from.size(), T{});
+  for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+}
+
+// Means of the losses, sums of counts, dropped assignments and tokens, and the maximum
+// of the sequence spread over the ranks (three small all-reduces).
 void reduce_stats(StepStats& s, Distributed& dist) {
-  std::vector<double> means{s.lm_loss, s.aux_loss};  // [2 + MoE layers]
+  std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss};  // [3 + 2 x MoE layers]
   means.insert(means.end(), s.layer_aux.begin(), s.layer_aux.end());
+  means.insert(means.end(), s.layer_z.begin(), s.layer_z.end());
   dist.all_reduce_sum(means);
   const double world = dist.world_size();
-  s.lm_loss = means[0] / world, s.aux_loss = means[1] / world;
-  for (size_t l = 0; l < s.layer_aux.size(); ++l) s.layer_aux[l] = means[2 + l] / world;
+  for (double& m : means) m /= world;
+  s.lm_loss = means[0], s.aux_loss = means[1], s.z_loss = means[2];
+  std::copy_n(means.begin() + 3, s.layer_aux.size(), s.layer_aux.begin());
+  std::copy_n(means.begin() + 3 + static_cast<long>(s.layer_aux.size()), s.layer_z.size(),
+              s.layer_z.begin());
   std::vector<int64_t> totals{s.tokens};
+  totals.insert(totals.end(), s.layer_dropped.begin(), s.layer_dropped.end());
   sum_over_ranks(s.counts, totals, dist);
   s.tokens = totals[0];
+  std::copy(totals.begin() + 1, totals.end(), s.layer_dropped.begin());
+  if (!s.layer_seq_max_vio.empty()) {
+    torch::Tensor spread = torch::tensor(s.layer_seq_max_vio, torch::kFloat64);  // [L]
+    dist.all_reduce_max(spread);
+    s.layer_seq_max_vio.assign(spread.data_ptr<double>(),
+                               spread.data_ptr<double>() + spread.numel());
+  }
+}
+
+std::vector<double> to_doubles(const torch::Tensor& t) {
+  torch::Tensor d = t.detach().to(torch::kFloat64).contiguous();
+  return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
 }
 
 }  // namespace
@@ -29,15 +55,28 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   StepStats s;
   const double A = static_cast<double>(accumulation_steps);
+  // The global aux scope counts over every micro-batch of this step on every rank.
+  StepRouting routing;
+  if (dist && dist->world_size() > 1)
+    routing.sum_over_ranks = [dist](torch::Tensor& t) { dist->all_reduce_sum(t); };
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = next_batch();
-    ForwardOutput out = model(batch.input_ids, batch.labels);
-    ((out.loss + out.aux_loss) / A).backward();
+    ForwardOutput out = model(batch.input_ids, batch.labels, nullptr, &routing);
+    ((out.loss + out.aux_loss + out.z_loss) / A).backward();
     s.lm_loss += out.loss.item<double>() / A;
     s.aux_loss += out.aux_loss.item<double>() / A;
-    s.layer_aux.resize(out.layer_aux.size(), 0.0);
-    for (size_t l = 0; l < out.layer_aux.size(); ++l)
-      s.layer_aux[l] += out.layer_aux[l].item<double>() / A;
+    s.z_loss += out.z_loss.item<double>() / A;
+    std::vector<double> aux, z, spread;
+    std::vector<int64_t> dropped;
+    for (const auto& t : out.layer_aux) aux.push_back(t.item<double>() / A);
+    for (const auto& t : out.layer_z) z.push_back(t.item<double>() / A);
+    for (const auto& t : out.layer_dropped) dropped.push_back(t.item<int64_t>());
+    accumulate(s.layer_aux, aux);
+    accumulate(s.layer_z, z);
+    accumulate(s.layer_dropped, dropped);
+    s.layer_seq_max_vio.resize(out.layer_seq_max_vio.size(), 0.0);
+    for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
+      s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
     s.counts.add(out.expert_counts);
     s.tokens += batch.input_ids.numel();
   }
@@ -51,11 +90,17 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     reduce_stats(s, *dist);
     s.comm_seconds = dist->comm_seconds() - before;
   }
-  s.loss = s.lm_loss + s.aux_loss;
+  s.loss = s.lm_loss + s.aux_loss + s.z_loss;
   s.grad_norm = clip_gradients(params, grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
-  if (s.finite) optimizer.step();
+  if (s.finite) {
+    optimizer.step();
+    // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
+    // same sums, so the same bias).
+    model->update_router_bias(s.counts.layers);
+  }
   clear_gradients(params);
+  for (const auto& b : model->router_biases()) s.layer_bias.push_back(to_doubles(b));
   return s;
 }
 

@@ -20,10 +20,10 @@ namespace {
 TrainError non_finite_error(const StepStats& st, int64_t step, const std::string& run_dir) {
   const auto last = latest_checkpoint(run_dir);
   return TrainError(
-      fmt::format("non-finite {} at step {} (loss {}, lm {}, aux {}, grad norm {}); "
+      fmt::format("non-finite {} at step {} (loss {}, lm {}, aux {}, z {}, grad norm {}); "
                   "stopping without saving. The last good checkpoint is {}.",
                   std::isfinite(st.loss) ? "gradient norm" : "loss", step, st.loss, st.lm_loss,
-                  st.aux_loss, st.grad_norm, last ? *last : std::string("(none yet)")),
+                  st.aux_loss, st.z_loss, st.grad_norm, last ? *last : std::string("(none yet)")),
       "try a lower train.learning_rate or train.grad_clip, then --resume");
 }
 
@@ -69,7 +69,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   // report), the console, rank 0's logs, collapse watcher and checkpointer, the evaluator
   // (every rank takes part), then the caller's observers.
   Observers bus;
-  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1);
+  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1,
+                        cfg.model.use_moe && cfg.model.router_z_loss_coef > 0);
   ConsoleObserver console(*s->log, main_rank);
   std::optional<RunLogObserver> logs;
   std::optional<CollapseWatcher> watcher;
