@@ -4,6 +4,9 @@
 #     batch 8 on the same rows (1e-5);
 #  2. MoE (aux loss off, so the loss is linear in the batch): losses and weights likewise,
 #     expert counts equal;
+#  2b. the same for the balancing methods that need every rank's counts (global aux scope,
+#     aux-loss-free bias, with sigmoid scoring and z-loss): weights (bias included), losses
+#     and counts;
 #  3. MoE with MiniMind's aux loss: each rank's aux term is computed on its own rows (as
 #     MiniMind under DDP does), which is not the aux term of the 8 rows together; so step 1
 #     (same weights) has equal LM loss and expert counts, and the loss curves stay within
@@ -31,12 +34,12 @@ head -n 300 "$SRC/data/austen.jsonl" > "$WORK/corpus.jsonl"
 # 150k weights (measured with eps 1e-8: 5 weights above 1e-5, max 9.9e-5; the loss curves
 # agree to 6e-7). tests/test_train.cpp shows the same for accumulation, in fp64.
 EPS=1.0e-6
-config() {  # config NAME USE_MOE AUX_COEF
+config() {  # config NAME USE_MOE AUX_COEF [MORE_MODEL_KEYS]
   cat > "$WORK/$1.yaml" <<YAML
 run: {name: $1, seed: 5, threads: 1, dist_timeout: 60}
 model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
         vocab_size: 512, max_position_embeddings: 256, use_moe: $2, num_experts: 4,
-        norm_topk_prob: false, router_aux_loss_coef: $3}
+        norm_topk_prob: false, router_aux_loss_coef: $3 ${4:-}}
 data: {train: "$WORK/corpus.jsonl", cache_dir: "$WORK/cache", max_seq_len: 64, val_fraction: 0.05}
 train: {batch_size: 8, accumulation_steps: 2, max_steps: 12, learning_rate: 2.0e-3, eps: $EPS,
         eval_interval: 6, checkpoint_interval: 3, keep_checkpoints: 2}
@@ -46,6 +49,11 @@ YAML
 config dense false 0.0
 config moe true 0.0
 config moeaux true 5.0e-4  # MiniMind's default coefficient
+# The balancing lab's methods that read the whole step: global aux (counts of both
+# micro-batches on both ranks), the bias update (the step's counts of both ranks), with
+# sigmoid scoring and z-loss; each is linear in the rows, so 2 x 4 must equal 1 x 8.
+config moelab true 1.0e-2 ", aux_loss_scope: global, scoring_func: sigmoid,
+        router_bias_update_rate: 1.0e-2, router_z_loss_coef: 1.0e-3"
 
 # Compares two run directories: final weights, per-step train losses, eval losses and
 # (MoE) per-step expert counts.
@@ -69,8 +77,11 @@ dl = max(abs(x - y) for (_, x), (_, y) in zip(la, lb))
 va, vb = losses(a, "eval", "val_loss"), losses(b, "eval", "val_loss")
 assert len(va) == len(vb) == 3, (va, vb)
 dv = max(abs(x - y) for (_, x), (_, y) in zip(va, vb))
-ca = [(r["step"], r["layer"], r["split"], r["counts"]) for r in lines(a, "expert_load.jsonl")]
-cb = [(r["step"], r["layer"], r["split"], r["counts"]) for r in lines(b, "expert_load.jsonl")]
+# counts and (bias update on) the selection bias after each step
+ca = [(r["step"], r["layer"], r["split"], r["counts"], r.get("bias")) for r in lines(a, "expert_load.jsonl")]
+cb = [(r["step"], r["layer"], r["split"], r["counts"], r.get("bias")) for r in lines(b, "expert_load.jsonl")]
+if any(k.endswith("e_score_correction_bias") for k in wa):
+    assert any(any(x != 0 for x in r[4]) for r in ca if r[4]), "the bias never moved"
 print(f"{label}: max |weight diff| {dw:.3g}, max |train loss diff| {dl:.3g}, "
       f"max |val loss diff| {dv:.3g}, {len(ca)} expert-count records, tolerance {tol:g}")
 assert ca == cb, "expert counts differ"
@@ -83,7 +94,7 @@ two() { bash "$LAUNCH" 2 "$BIN" --config "$WORK/$1.yaml" --out "$WORK/$2" --set 
 
 "$BIN" --config "$WORK/dense.yaml" --prepare-only > /dev/null 2>&1  # one cache for all runs
 
-for name in dense moe; do
+for name in dense moe moelab; do
   one "$name" "$name-1x8"
   two "$name" "$name-2x4" || { cat "$WORK/$name-2x4.log"; exit 1; }
   grep -q "2 ranks: all-reduce" "$WORK/$name-2x4.log" || { echo "FAIL: no all-reduce line" >&2; exit 1; }

@@ -913,6 +913,73 @@ TEST(Trainer, ResumeKeepsTheRunsTokenizerWhenTheCorpusChanged) {
 
 // A run stopped in the middle of a log interval and resumed logs what the uninterrupted run
 // logged: the interval's means and the collapse watcher's streaks are in the checkpoint.
+// The balancing lab in the trainer: the bias, z and dropped figures reach the logs, an
+// interrupted run resumes to the same losses, bias and logs, and resuming with another
+// balancing method is refused naming the keys.
+TEST(Trainer, BalancingLabLogsAndResumes) {
+  const std::string dir = temp_dir("lablogs");
+  const std::vector<std::string> lab = {
+      "model.scoring_func=sigmoid",     "model.router_bias_update_rate=0.01",
+      "model.router_z_loss_coef=0.001", "model.capacity_factor=1.0",
+      "model.n_shared_experts=1",       "model.aux_loss_scope=global",
+      "train.checkpoint_interval=100"};
+  const Config cfg = tiny_config(dir, lab);
+  TrainOptions whole;
+  whole.out_dir = dir + "/whole";
+  const TrainResult full = train(cfg, whole);
+  TrainOptions split;
+  split.out_dir = dir + "/split";
+  split.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 5; };
+  const TrainResult first = train(cfg, split);
+  split.resume = true;
+  split.after_step = {};
+  const TrainResult second = train(cfg, split);
+  std::vector<double> joined = first.step_losses;
+  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
+  EXPECT_EQ(joined, full.step_losses);  // one thread: bitwise, bias restored from the checkpoint
+
+  const RunLogs a = read_run_logs(whole.out_dir), b = read_run_logs(split.out_dir);
+  for (const TrainRecord& t : a.train) {
+    ASSERT_TRUE(t.z_loss && t.dropped) << "step " << t.step;
+    EXPECT_GT(*t.z_loss, 0.0);
+    EXPECT_GE(*t.dropped, 0.0);
+    EXPECT_LT(*t.dropped, 1.0);
+  }
+  ASSERT_EQ(a.train_load.size(), 2u);
+  for (const auto& [layer, records] : a.train_load) {
+    ASSERT_EQ(records.size(), 8u);
+    std::vector<double> expected_bias(4, 0.0);
+    for (size_t i = 0; i < records.size(); ++i) {
+      const LoadRecord& r = records[i];
+      ASSERT_TRUE(r.z && r.dropped && r.bias && r.seq_max_vio) << "step " << r.step;
+      EXPECT_GT(*r.z, 0.0);
+      EXPECT_GE(*r.seq_max_vio, r.max_vio - 1e-12);  // a row is at least as unbalanced as the step
+      // The bias moves by the sign rule from the logged counts of its own step.
+      const double mean = std::accumulate(r.counts.begin(), r.counts.end(), 0.0) / 4.0;
+      for (size_t e = 0; e < 4; ++e) {
+        const double c = static_cast<double>(r.counts[e]);
+        expected_bias[e] += 0.01 * static_cast<double>((mean > c) - (mean < c));
+        EXPECT_NEAR((*r.bias)[e], expected_bias[e], 1e-6)
+            << "layer " << layer << " step " << r.step;
+      }
+      const LoadRecord& resumed = b.train_load.at(layer).at(i);
+      EXPECT_EQ(nlohmann::json(resumed), nlohmann::json(r)) << "step " << r.step;
+    }
+  }
+  // Another balancing method on resume: refused, naming the keys.
+  std::vector<std::string> other_lab = lab;
+  other_lab[0] = "model.scoring_func=softmax";
+  other_lab.push_back("model.capacity_drop_policy=position");
+  const Config other = tiny_config(dir, other_lab);
+  TrainOptions resume_other;
+  resume_other.out_dir = dir + "/split";
+  resume_other.resume = true;
+  const std::string msg = error_of<CheckpointError>([&] { train(other, resume_other); });
+  EXPECT_NE(msg.find("model.scoring_func: \"sigmoid\" -> \"softmax\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.capacity_drop_policy: \"probs\" -> \"position\""), std::string::npos)
+      << msg;
+}
+
 TEST(Trainer, ResumeMidIntervalLogsTheSameMonitoring) {
   const std::string dir = temp_dir("resumelogs");
   const Config cfg = tiny_config(dir, {"log.interval=2", "log.collapse_max_share=0.0",

@@ -19,7 +19,11 @@ class ConsoleObserver : public Observer {
   ConsoleObserver(spdlog::logger& log, bool live);
   ~ConsoleObserver() override;  // clears the status line, also when the run fails
 
-  void on_start(const RunStart& s) override { world_size_ = s.world_size; }
+  // max_steps here: a resumed run's first interval line comes before its first on_step.
+  void on_start(const RunStart& s) override {
+    world_size_ = s.world_size;
+    max_steps_ = s.max_steps;
+  }
   void on_step(const StepInfo& s) override;
   void on_interval(const IntervalInfo& i) override;
   void on_eval(const EvalInfo& e) override;

@@ -27,6 +27,7 @@ struct RunStart {
   int64_t step = 0;  // where the run starts: 0, or the checkpoint's step
   bool resumed = false;
   spdlog::logger* log = nullptr;  // the run's log: console and run_dir/train.log
+  int64_t max_steps = 0;
 };
 
 // After each optimizer step.

@@ -104,7 +104,7 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   result.run_dir = run_dir;
   result.start_step = state.step, result.start_tokens = state.tokens;
   bus.on_start({run_dir, main_rank, dist.world_size(), state.step, s->run.checkpoint.has_value(),
-                s->log.get()});
+                s->log.get(), tc.max_steps});
 
   // The loop: one iteration per optimizer step.
   s->model->train();
