@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -27,6 +28,14 @@
 
 namespace {
 
+// The step's expert counts per MoE layer, as the trainer hands them to the bias update.
+std::vector<std::vector<int64_t>> out_counts(const minimind::ForwardOutput& out) {
+  std::vector<std::vector<int64_t>> c;
+  for (const auto& t : out.expert_counts)
+    c.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  return c;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -39,9 +48,12 @@ double median(std::vector<double> v) {
 double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
   const double H = m.hidden_size, d = m.head_dim();
   const double attn = H * m.num_attention_heads * d * 2 + H * m.num_key_value_heads * d * 2;
-  const double ffn = m.use_moe
-                         ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() + H * m.num_experts
-                         : 3 * H * m.ffn_size();
+  // MoE: k routed experts, the shared experts, the router (learned routers only). With a
+  // capacity this is the nominal count: dropped assignments are work the model skips.
+  const double ffn = m.use_moe ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() +
+                                     m.n_shared_experts * 3 * H * m.shared_ffn_size() +
+                                     (m.learned_router() ? H * m.num_experts : 0)
+                               : 3 * H * m.ffn_size();
   const double matmul_params = m.num_hidden_layers * (attn + ffn) + H * m.vocab_size;
   return 6 * matmul_params + 12.0 * m.num_hidden_layers * seq * m.num_attention_heads * d;
 }
@@ -54,6 +66,7 @@ int main(int argc, char** argv) {
   int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
   bool json = false, default_malloc = false;
   std::string profile;
+  std::vector<std::string> sets;
   app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")
       ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
   app.add_option("--steps", steps, "measured steps (median over them)")
@@ -71,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
+  app.add_option("--set", sets,
+                 "SECTION.KEY=VALUE on the bench config, e.g. model.capacity_factor=1.25 "
+                 "(repeatable; a balancing method's cost)");
   app.add_flag("--json", json, "one JSON line on stdout");
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
@@ -92,7 +108,8 @@ int main(int argc, char** argv) {
         "bench");
     cfg.model.use_moe = preset != "dense";
     cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
-    validate_and_resolve(cfg);
+    for (const auto& assignment : sets) apply_override(cfg, assignment);
+    for (const auto& w : validate_and_resolve(cfg)) spdlog::warn("{}", w);
     // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
     // same cores and as large a GEMM as it likes; then --blas-threads, if given.
     const int n_threads = use_threads(threads);
@@ -116,7 +133,7 @@ int main(int argc, char** argv) {
       if (!profile.empty() && s == warmup) trace.emplace(profile);
       Stopwatch clock;
       ForwardOutput out = model(ids, ids);
-      torch::Tensor loss = out.loss + out.aux_loss;
+      torch::Tensor loss = out.loss + out.aux_loss + out.z_loss;
       const double f = clock.seconds();
       clock.restart();
       loss.backward();
@@ -124,6 +141,7 @@ int main(int argc, char** argv) {
       clock.restart();
       finish_gradients(model->parameters(), 1.0);
       opt->step();
+      model->update_router_bias(out_counts(out));
       clear_gradients(model->parameters());
       const double o = clock.seconds();
       if (s >= warmup)
@@ -158,14 +176,15 @@ int main(int argc, char** argv) {
     const double rss_mb = ru.ru_maxrss / 1024.0;
     if (json) {
       std::cout << fmt::format(
-          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"threads\": {}, \"tok_s\": {:.1f}, "
+          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"set\": {}, \"threads\": {}, \"tok_s\": "
+          "{:.1f}, "
           "\"tok_s_min\": {:.1f}, "
           "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, "
           "\"opt_ms\": {:.1f}, "
           "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": "
           "{:.1f}}}\n",
-          preset, n_threads, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-          1e3 * median(optim), rss_mb, mfu, peak, gen_s);
+          preset, nlohmann::json(sets).dump(), n_threads, tok_s, *lo, *hi, 1e3 * step,
+          1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim), rss_mb, mfu, peak, gen_s);
     } else {
       std::cout << fmt::format(
           "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_line.h"
+#include "minimind/analysis/compare.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
 #include "minimind/data/prepare.h"
@@ -28,6 +29,8 @@ namespace {
 
 struct Args {
   std::string checkpoint, config, tokenizer, data, prompt, inspect, report;
+  std::vector<std::string> compare;  // run directories
+  std::string compare_out = "compare.html";
   int64_t max_docs = -1, batch_size = 0, threads = 0;
   bool json = false;
   minimind::GenerateOptions gen;
@@ -150,8 +153,13 @@ int main(int argc, char** argv) {
   app.add_option("--inspect", a.inspect,
                  "show a run's expert-load history in the terminal (RUN_DIR)");
   app.add_option("--report", a.report, "write RUN_DIR/report.html");
-  // --inspect and --report read a run's logs; evaluation options would be ignored with them.
-  for (const char* reader : {"--inspect", "--report"})
+  app.add_option("--compare", a.compare,
+                 "compare two or more runs (RUN_DIR RUN_DIR ...): writes compare.html")
+      ->expected(2, 1 << 20);
+  app.add_option("--compare-out", a.compare_out, "where --compare writes (default compare.html)");
+  // --inspect, --report and --compare read runs' logs; evaluation options would be ignored
+  // with them.
+  for (const char* reader : {"--inspect", "--report", "--compare"})
     for (const char* other : {"--checkpoint", "--config", "--tokenizer", "--data", "--prompt"})
       app.get_option(reader)->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
@@ -161,6 +169,11 @@ int main(int argc, char** argv) {
   // Human-readable output goes to stderr so that stdout carries only the result.
   spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
   return minimind::run_main([&] {
+    if (!a.compare.empty()) {
+      minimind::write_compare(a.compare, a.compare_out);
+      spdlog::info("wrote {} ({} runs)", a.compare_out, a.compare.size());
+      return 0;
+    }
     if (!a.inspect.empty() || !a.report.empty()) {
       if (!a.inspect.empty())
         std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));

@@ -2,14 +2,17 @@
 # Renders a run's report.html with headless Chromium into a PNG, as a person would see it,
 # cut below the last content (HEIGHT is the most it shows). Installs Debian's chromium and
 # python3-pil if they are missing (run as root).
-# Usage: scripts/screenshot-report.sh RUN_DIR [OUT.png] [WIDTH] [HEIGHT]
+# Usage: scripts/screenshot-report.sh RUN_DIR|PAGE.html [OUT.png] [WIDTH] [HEIGHT]
+#   (a page: e.g. the balancing study's compare.html)
 set -euo pipefail
-RUN_DIR=${1:?usage: screenshot-report.sh RUN_DIR [OUT.png] [WIDTH] [HEIGHT]}
-OUT=${2:-$RUN_DIR/report.png}
+RUN_DIR=${1:?usage: screenshot-report.sh RUN_DIR|PAGE.html [OUT.png] [WIDTH] [HEIGHT]}
+PAGE=$RUN_DIR/report.html
+[[ "$RUN_DIR" == *.html ]] && PAGE=$RUN_DIR
+OUT=${2:-${PAGE%.html}.png}
 WIDTH=${3:-1200}
 HEIGHT=${4:-4000}
-if [ ! -f "$RUN_DIR/report.html" ]; then
-  echo "no $RUN_DIR/report.html (write it with: minimind-eval --report $RUN_DIR)" >&2
+if [ ! -f "$PAGE" ]; then
+  echo "no $PAGE (write a run's report with: minimind-eval --report RUN_DIR)" >&2
   exit 1
 fi
 if ! command -v chromium >/dev/null || ! /usr/bin/python3 -c "import PIL" 2>/dev/null; then
@@ -23,7 +26,7 @@ trap 'rm -rf "$PROFILE"' EXIT
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
   --disable-background-networking --disable-component-update --disable-sync \
   --hide-scrollbars --user-data-dir="$PROFILE" --window-size="$WIDTH,$HEIGHT" \
-  --screenshot="$(realpath -m "$OUT")" "file://$(realpath "$RUN_DIR/report.html")" 2>/dev/null
+  --screenshot="$(realpath -m "$OUT")" "file://$(realpath "$PAGE")" 2>/dev/null
 # Headless Chromium shoots the whole window: cut the blank rows below the page.
 /usr/bin/python3 - "$OUT" <<'PY'
 import sys

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "minimind/analysis/compare.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
 #include "minimind/config.h"
@@ -65,6 +66,18 @@ class EvalTest : public testing::Test {
       train(cfg, options);
       if (moe) config_ = new Config(cfg);
     }
+    // A balancing-lab run: every method that leaves its own traces in the logs and weights.
+    const Config lab = test::tiny_config(
+        *dir_, {"model.num_experts_per_tok=1", "model.norm_topk_prob=false",
+                "model.scoring_func=sigmoid", "model.router_bias_update_rate=0.01",
+                "model.router_z_loss_coef=0.001", "model.capacity_factor=1.0",
+                "model.n_shared_experts=1", "data.max_seq_len=48", "train.accumulation_steps=1",
+                "train.max_steps=12", "train.eval_interval=6", "train.checkpoint_interval=6"});
+    ReportWriter report;
+    TrainOptions options;
+    options.out_dir = *dir_ + "/lab";
+    options.observers.push_back(&report);
+    train(lab, options);
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -248,6 +261,65 @@ TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
   fs::remove(moe);
   EXPECT_EQ(run("--report " + *dir_ + "/moe").status, 0);
   EXPECT_TRUE(fs::exists(moe));
+}
+
+// The balancing lab's run: its report draws the bias per expert, the dropped fraction, z
+// and the sequence spread; minimind-eval loads its weights (shared experts, bias buffer).
+TEST_F(EvalTest, LabRunReportAndEvaluation) {
+  const std::string html = test::read_text(*dir_ + "/lab/report.html");
+  for (const char* part : {"Balancing methods", "Layer 0: selection bias per expert",
+                           "Layer 1: selection bias per expert", "dropped by capacity",
+                           "Router z per layer", "Worst sequence's MaxVio"})
+    EXPECT_NE(html.find(part), std::string::npos) << part;
+  const std::string check = std::string(MINIMIND_PYTHON) + " " +
+                            test::source_path("tests/reference/check_html.py") + " " + *dir_ +
+                            "/lab/report.html 2";
+  EXPECT_EQ(std::system(check.c_str()), 0);
+  // The MiniMind-3 run's report has no bias or capacity section (z is the router's health,
+  // drawn for every learned router).
+  const std::string plain = test::read_text(*dir_ + "/moe/report.html");
+  EXPECT_EQ(plain.find("Balancing methods"), std::string::npos);
+  EXPECT_NE(plain.find("Router z per layer"), std::string::npos);
+  const Command c = run("--checkpoint " + *dir_ + "/lab --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto j = nlohmann::json::parse(c.out);
+  EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  EXPECT_EQ(j.at("expert_load").size(), 2u);
+}
+
+// --compare: any two or more runs on one page, its table taken from each run's logs.
+TEST_F(EvalTest, CompareWritesOnePageForSeveralRuns) {
+  const std::string out = *dir_ + "/compare.html";
+  const Command c =
+      run("--compare " + *dir_ + "/moe " + *dir_ + "/lab " + *dir_ + "/dense --compare-out " + out);
+  ASSERT_EQ(c.status, 0) << c.err;
+  const std::string html = test::read_text(out);
+  const std::string check = std::string(MINIMIND_PYTHON) + " " +
+                            test::source_path("tests/reference/check_html.py") + " " + out;
+  EXPECT_EQ(std::system(check.c_str()), 0);
+  for (const char* dir : {"moe", "lab"}) {
+    const RunSummary s = summarize_run(read_run_logs(*dir_ + "/" + dir));
+    ASSERT_TRUE(s.val_loss.has_value());
+    // The row: name, steps, the last evaluation's loss, MaxVio_global of layer 0.
+    const std::string row =
+        fmt::format("<tr><td>{}</td><td>12</td><td>{:.4f}</td>", dir, *s.val_loss);
+    EXPECT_NE(html.find(row), std::string::npos) << row;
+    EXPECT_NE(html.find(fmt::format("<td>{:.3f}</td>", s.max_vio_global.at(0))), std::string::npos);
+  }
+  EXPECT_EQ(summarize_run(read_run_logs(*dir_ + "/lab")).dropped.has_value(), true);
+  EXPECT_FALSE(summarize_run(read_run_logs(*dir_ + "/moe")).dropped.has_value());
+  for (const char* part : {"Validation loss", "MoE layer 1", "normalised routing entropy"})
+    EXPECT_NE(html.find(part), std::string::npos) << part;
+  // One run is not a comparison; evaluation options do not mix with it.
+  Command one = run("--compare " + *dir_ + "/moe");
+  EXPECT_EQ(one.status, 1);
+  EXPECT_NE(one.err.find("--compare"), std::string::npos) << one.err;
+  Command mixed = run("--compare " + *dir_ + "/moe " + *dir_ + "/lab --checkpoint " + ckpt());
+  EXPECT_EQ(mixed.status, 1);
+  EXPECT_NE(mixed.err.find("excludes"), std::string::npos) << mixed.err;
+  Command missing = run("--compare " + *dir_ + "/moe " + *dir_ + "/nothing-here");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("nothing-here"), std::string::npos) << missing.err;
 }
 
 // Report axes: 4 to 6 ticks at round values (1, 2 or 5 x 10^k apart) covering the data.

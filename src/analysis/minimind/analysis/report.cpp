@@ -8,117 +8,11 @@
 #include <fstream>
 #include <vector>
 
+#include "minimind/analysis/charts.h"
 #include "minimind/util/atomic_file.h"
 
 namespace minimind {
 namespace {
-
-struct Series {
-  std::string name, color;
-  std::vector<std::pair<double, double>> points;  // (step, value)
-};
-
-const char* kLayerColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
-                              "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else if (c == '"')
-      o += "&quot;";
-    else
-      o += c;
-  }
-  return o;
-}
-
-std::string num(double v) {
-  return fmt::format("{:.3g}", v);
-}
-
-// A tick's text: as many decimals as the tick step needs.
-std::string tick_label(double v, double step) {
-  if (std::abs(v) < step * 1e-6) return "0";
-  if (std::abs(v) >= 1e6 || step < 1e-4) return fmt::format("{:g}", v);
-  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
-  return fmt::format("{:.{}f}", v, decimals);
-}
-
-// Horizontal axis, shared by every chart: steps 0 .. the last tick at or after x_max.
-struct StepAxis {
-  std::vector<double> ticks;
-  double end;
-  explicit StepAxis(double x_max) : ticks(axis_ticks(0, std::max(x_max, 1.0))), end(ticks.back()) {}
-};
-
-std::string step_ticks(const StepAxis& axis, double L, double W, double R, double y) {
-  std::string svg;
-  const double step = axis.ticks.size() > 1 ? axis.ticks[1] - axis.ticks[0] : 1;
-  for (double t : axis.ticks)
-    svg +=
-        fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"tick\" text-anchor=\"middle\">{}</text>",
-                    L + (W - L - R) * t / axis.end, y, tick_label(t, step));
-  return svg;
-}
-
-// A line chart: round ticks and grid lines on both axes, a legend, and dashed red lines at
-// event steps.
-std::string line_chart(const std::string& title, const std::vector<Series>& series,
-                       const std::vector<int64_t>& events, const StepAxis& axis) {
-  const double W = 560, H = 230, L = 56, R = 16, T = 28, B = 44;
-  double lo = INFINITY, hi = -INFINITY;
-  for (const auto& s : series)
-    for (const auto& [x, y] : s.points) lo = std::min(lo, y), hi = std::max(hi, y);
-  if (!std::isfinite(lo)) lo = 0, hi = 1;
-  const std::vector<double> yt = axis_ticks(lo, hi);
-  const double y_min = yt.front(), y_max = yt.back(), y_step = yt[1] - yt[0];
-  auto px = [&](double x) { return L + (W - L - R) * x / axis.end; };
-  auto py = [&](double y) { return T + (H - T - B) * (1 - (y - y_min) / (y_max - y_min)); };
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" class=\"chart\">"
-      "<text x=\"{}\" y=\"18\" class=\"title\">{}</text>",
-      W, H, L, esc(title));
-  for (double t : yt)
-    svg += fmt::format(
-        "<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" class=\"gl\"/>"
-        "<text x=\"{3}\" y=\"{4:.1f}\" class=\"tick\" text-anchor=\"end\">{5}</text>",
-        L, W - R, py(t), L - 4, py(t) + 3.5, tick_label(t, y_step));
-  for (double t : axis.ticks)
-    svg += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"gl\"/>",
-                       px(t), T, H - B);
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>", L, T,
-                     W - L - R, H - T - B);
-  svg += step_ticks(axis, L, W, R, H - B + 13);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step</text>",
-                     W - R, H - B + 26);
-  for (int64_t e : events)
-    svg +=
-        fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"event\"/>",
-                    px(e), T, H - B);
-  double lx = L + 6;
-  for (const auto& s : series) {
-    std::string pts;
-    for (const auto& [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\"/>",
-                       pts, s.color);
-    if (s.points.size() <= 12)  // few points (evaluations): show them
-      for (const auto& [x, y] : s.points)
-        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", px(x),
-                           py(y), s.color);
-    svg += fmt::format(
-        "<rect x=\"{:.0f}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{}\"/>"
-        "<text x=\"{:.0f}\" y=\"{}\" class=\"legend\">{}</text>",
-        lx, H - 10, s.color, lx + 13, H - 6, esc(s.name));
-    lx += 20 + 7.0 * s.name.size();
-  }
-  return svg + "</svg>";
-}
 
 // Diverging colour for share x E: 0 (dead) blue, 1 (fair) white, >= 2 red.
 std::string share_color(double rel) {
@@ -180,6 +74,34 @@ std::string heatmap(int64_t layer, const std::vector<LoadRecord>& points,
   return svg + "</svg>";
 }
 
+// The balancing lab's own figures, for the methods that are on: the fraction capacity
+// dropped, and each layer's selection bias per expert.
+std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dropped,
+                              const StepAxis& axis) {
+  std::string charts;
+  if (!dropped.empty())
+    charts +=
+        line_chart("Fraction of assignments dropped by capacity, per layer", dropped, {}, axis);
+  for (const auto& [layer, points] : logs.train_load) {
+    if (points.empty() || !points.back().bias) continue;
+    const size_t E = points.back().bias->size();
+    std::vector<Series> experts;
+    for (size_t e = 0; e < E; ++e)
+      experts.push_back(load_series(
+          points,
+          [e](const LoadRecord& r) {
+            return r.bias && e < r.bias->size() ? std::optional<double>((*r.bias)[e])
+                                                : std::nullopt;
+          },
+          "e" + std::to_string(e), series_color(e)));
+    charts += line_chart("Layer " + std::to_string(layer) + ": selection bias per expert" +
+                             (E > 8 ? " (one line per expert)" : ""),
+                         experts, {}, axis);
+  }
+  if (charts.empty()) return "";
+  return "<h2>Balancing methods</h2><div class=\"grid\">" + charts + "</div>\n";
+}
+
 std::string legend() {
   std::string svg =
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"40\" class=\"legendbar\">";
@@ -196,27 +118,20 @@ std::string legend() {
 
 }  // namespace
 
-std::vector<double> axis_ticks(double lo, double hi) {
-  if (!(hi > lo)) hi = lo + (lo == 0 ? 1 : std::abs(lo) * 0.1);
-  const double span = hi - lo;
-  const int k0 = static_cast<int>(std::floor(std::log10(span))) - 2;
-  double best_step = 0;
-  int best_n = 0;
-  for (int k = k0; k <= k0 + 3; ++k)
-    for (double m : {1.0, 2.0, 5.0}) {
-      const double step = m * std::pow(10.0, k);
-      const int n =
-          static_cast<int>(std::ceil(hi / step - 1e-9) - std::floor(lo / step + 1e-9)) + 1;
-      // 4 to 6 ticks, as close to 5 as the round steps allow.
-      const auto badness = [](int count) {
-        return std::abs(count - 5) + (count < 4 || count > 6) * 10;
-      };
-      if (best_n == 0 || badness(n) < badness(best_n)) best_step = step, best_n = n;
-    }
-  std::vector<double> ticks;
-  const double first = std::floor(lo / best_step + 1e-9);
-  for (int i = 0; i < best_n; ++i) ticks.push_back((first + i) * best_step);
-  return ticks;
+Series load_series(const std::vector<LoadRecord>& points, const LoadValue& value,
+                   const std::string& name, const std::string& color) {
+  Series out{name, color, {}};
+  // One point per window of ~1% of the run keeps the curves readable.
+  const size_t stride = std::max<size_t>(1, points.size() / 100);
+  for (size_t i = 0; i < points.size(); i += stride) {
+    double sum = 0;
+    int n = 0;
+    const size_t hi = std::min(points.size(), i + stride);
+    for (size_t j = i; j < hi; ++j)
+      if (const auto v = value(points[j])) sum += *v, ++n;
+    if (n > 0) out.points.emplace_back(points[hi - 1].step, sum / n);
+  }
+  return out;
 }
 
 std::string render_report(const RunLogs& logs) {
@@ -224,21 +139,7 @@ std::string render_report(const RunLogs& logs) {
   std::vector<int64_t> all_events;
   for (const auto& c : logs.collapses) all_events.push_back(c.step);
 
-  std::string html =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
-      "<title>minimind-cpp report: " +
-      esc(logs.run_dir) +
-      "</title><style>"
-      "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
-      "h1{font-size:20px}h2{font-size:16px;margin:18px 0 6px}"
-      ".grid{display:flex;flex-wrap:wrap;gap:8px;overflow-x:auto}.grid>svg{flex:none}"
-      ".scroll{overflow-x:auto}h1{overflow-wrap:anywhere}"
-      ".title{font-size:13px;font-weight:bold}.tick{font-size:10px;fill:#555}.legend{font-size:"
-      "10px}"
-      ".frame{fill:none;stroke:#bbb}.gl{stroke:#eee}.event{stroke:#d00;stroke-width:1.2;stroke-"
-      "dasharray:4,3}"
-      "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
-      "</style></head><body>\n";
+  std::string html = page_head("minimind-cpp report: " + logs.run_dir);
   html += "<h1>minimind-cpp run " + esc(logs.run_dir) + " — step " +
           std::to_string(logs.last_step()) + "</h1>\n";
 
@@ -263,28 +164,30 @@ std::string render_report(const RunLogs& logs) {
       html += heatmap(layer, points, ev, axis);
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
-    std::vector<Series> maxvio, entropy;
+    std::vector<Series> maxvio, entropy, spread, z, dropped;
     for (const auto& [layer, points] : logs.train_load) {
-      const std::string color = kLayerColors[layer % 8];
-      Series mv{"L" + std::to_string(layer), color, {}}, en{"L" + std::to_string(layer), color, {}};
-      // One point per log window of ~1% of the run keeps the curves readable.
-      const size_t stride = std::max<size_t>(1, points.size() / 100);
-      for (size_t i = 0; i < points.size(); i += stride) {
-        double m = 0, h = 0;
-        const size_t hi = std::min(points.size(), i + stride);
-        for (size_t j = i; j < hi; ++j)
-          m += points[j].max_vio / (hi - i), h += points[j].entropy / (hi - i);
-        mv.points.emplace_back(points[hi - 1].step, m);
-        en.points.emplace_back(points[hi - 1].step, h);
-      }
-      maxvio.push_back(mv);
-      entropy.push_back(en);
+      const std::string name = "L" + std::to_string(layer);
+      const std::string& color = series_color(static_cast<size_t>(layer));
+      auto add = [&](std::vector<Series>& to, const LoadValue& value) {
+        Series s = load_series(points, value, name, color);
+        if (!s.points.empty()) to.push_back(std::move(s));
+      };
+      add(maxvio, [](const LoadRecord& r) { return std::optional<double>(r.max_vio); });
+      add(entropy, [](const LoadRecord& r) { return std::optional<double>(r.entropy); });
+      add(spread, [](const LoadRecord& r) { return r.seq_max_vio; });
+      add(z, [](const LoadRecord& r) { return r.z; });
+      add(dropped, [](const LoadRecord& r) { return r.dropped; });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
         line_chart("Normalised entropy per layer (1 = balanced, 0 = collapsed)", entropy,
-                   all_events, axis) +
-        "</div>\n";
+                   all_events, axis);
+    if (!spread.empty())
+      html += line_chart("Worst sequence's MaxVio per layer, per step", spread, all_events, axis);
+    if (!z.empty())  // router health: growing logits make routing brittle (ST-MoE)
+      html += line_chart("Router z per layer (mean of logsumexp(logits)²)", z, {}, axis);
+    html += "</div>\n";
+    html += balancing_section(logs, dropped, axis);
   }
   html += "<h2>Collapse events</h2>";
   if (logs.collapses.empty()) {

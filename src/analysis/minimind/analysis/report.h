@@ -3,9 +3,12 @@
 // validation loss, learning rate, and collapse events marked. Dense runs: the loss part.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "minimind/analysis/charts.h"
 #include "minimind/run/run_log.h"
 #include "minimind/train/observer.h"
 
@@ -13,8 +16,12 @@ namespace minimind {
 
 std::string render_report(const RunLogs& logs);
 
-// 4 to 6 round axis values (steps of 1, 2 or 5 x 10^k): the first <= lo, the last >= hi.
-std::vector<double> axis_ticks(double lo, double hi);
+// One value of a load record (unset: the record does not have it).
+using LoadValue = std::function<std::optional<double>(const LoadRecord&)>;
+// A curve of one layer's records, averaged over windows of ~1% of the run (records without
+// the value are left out).
+Series load_series(const std::vector<LoadRecord>& points, const LoadValue& value,
+                   const std::string& name, const std::string& color);
 
 // Renders the report of run_dir into run_dir/report.html (atomically); returns its path.
 std::string write_report(const std::string& run_dir);

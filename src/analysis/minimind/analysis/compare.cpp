@@ -1,0 +1,142 @@
+#include "minimind/analysis/compare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "minimind/analysis/charts.h"
+#include "minimind/analysis/report.h"
+#include "minimind/error.h"
+#include "minimind/util/atomic_file.h"
+
+namespace minimind {
+namespace {
+
+std::string run_name(const std::string& dir) {
+  std::filesystem::path p(dir);
+  if (!p.has_filename()) p = p.parent_path();  // "runs/a/"
+  return p.filename().string();
+}
+
+// The runs' names and colours, as an HTML legend (the charts have too many lines for one).
+std::string run_legend(const std::vector<RunSummary>& runs) {
+  std::string html = "<p class=\"runs\">";
+  for (size_t i = 0; i < runs.size(); ++i)
+    html += fmt::format(
+        "<span><svg width=\"14\" height=\"4\"><rect width=\"14\" height=\"4\" "
+        "fill=\"{}\"/></svg> {}</span> ",
+        series_color(i), esc(runs[i].name));
+  return html + "</p>\n";
+}
+
+std::string fixed(const std::optional<double>& v, const char* format) {
+  return v ? fmt::format(fmt::runtime(format), *v) : "—";
+}
+
+std::string table(const std::vector<RunSummary>& runs, size_t layers) {
+  std::string html = "<table><tr><th>run</th><th>steps</th><th>val loss</th><th>ppl</th>";
+  for (size_t l = 0; l < layers; ++l)
+    html += fmt::format("<th>MaxVio<sub>global</sub> L{}</th>", l);
+  html += "<th>dead experts (per layer)</th><th>dropped</th><th>tokens/s</th></tr>";
+  for (const RunSummary& r : runs) {
+    html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", esc(r.name), r.steps,
+                        fixed(r.val_loss, "{:.4f}"), fixed(r.val_ppl, "{:.1f}"));
+    for (size_t l = 0; l < layers; ++l)
+      html += "<td>" +
+              (l < r.max_vio_global.size() ? fmt::format("{:.3f}", r.max_vio_global[l])
+                                           : std::string("—")) +
+              "</td>";
+    std::string dead;
+    for (int64_t d : r.dead) dead += (dead.empty() ? "" : " / ") + std::to_string(d);
+    html += fmt::format("<td>{}</td><td>{}</td><td>{:.0f}</td></tr>", dead.empty() ? "—" : dead,
+                        r.dropped ? fmt::format("{:.1f} %", 100 * *r.dropped) : "—", r.tok_per_s);
+  }
+  return html + "</table>\n";
+}
+
+}  // namespace
+
+RunSummary summarize_run(const RunLogs& logs) {
+  RunSummary s;
+  s.name = run_name(logs.run_dir);
+  s.steps = logs.last_step();
+  if (!logs.eval.empty())
+    s.val_loss = logs.eval.back().val_loss, s.val_ppl = logs.eval.back().val_ppl;
+  for (const auto& [layer, records] : logs.eval_load) {
+    if (records.empty()) continue;
+    s.max_vio_global.push_back(records.back().max_vio);
+    s.dead.push_back(records.back().dead);
+  }
+  if (!logs.train.empty()) {
+    const TrainRecord& last = logs.train.back();
+    s.dropped = last.dropped;
+    if (last.elapsed > 0) s.tok_per_s = static_cast<double>(last.tokens) / last.elapsed;
+  }
+  return s;
+}
+
+std::string render_compare(const std::vector<RunLogs>& runs) {
+  if (runs.size() < 2) throw DataError("--compare needs at least two run directories");
+  std::vector<RunSummary> summaries;
+  int64_t last_step = 0;
+  size_t layers = 0;
+  for (const RunLogs& r : runs) {
+    summaries.push_back(summarize_run(r));
+    last_step = std::max(last_step, r.last_step());
+    layers = std::max(layers, r.train_load.size());
+  }
+  const StepAxis axis(static_cast<double>(last_step));
+
+  std::string html = page_head("minimind-cpp: " + std::to_string(runs.size()) + " runs compared");
+  html += fmt::format("<h1>{} runs compared</h1>\n", runs.size());
+  html += run_legend(summaries);
+  html += "<h2>Final figures</h2><div class=\"scroll\">" + table(summaries, layers) +
+          "</div><p class=\"note\">val loss and ppl: the last evaluation of the held-out split; "
+          "MaxVio<sub>global</sub> and dead experts: that evaluation's expert counts over the "
+          "whole split; dropped: the last log interval; tokens/s: training throughput over the "
+          "run (evaluations excluded).</p>\n";
+
+  std::vector<Series> val, train;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Series v{summaries[i].name, series_color(i), {}}, t{summaries[i].name, series_color(i), {}};
+    for (const auto& e : runs[i].eval) v.points.emplace_back(e.step, e.val_loss);
+    for (const auto& p : runs[i].train) t.points.emplace_back(p.step, p.lm_loss);
+    val.push_back(std::move(v));
+    train.push_back(std::move(t));
+  }
+  html +=
+      "<h2>Loss</h2><div class=\"grid\">" + line_chart("Validation loss", val, {}, axis, false) +
+      line_chart("Training LM loss (interval mean, without aux and z)", train, {}, axis, false) +
+      "</div>\n";
+
+  for (size_t layer = 0; layer < layers; ++layer) {
+    std::vector<Series> maxvio, entropy;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const auto it = runs[i].train_load.find(static_cast<int64_t>(layer));
+      if (it == runs[i].train_load.end()) continue;
+      maxvio.push_back(load_series(
+          it->second, [](const LoadRecord& r) { return std::optional<double>(r.max_vio); },
+          summaries[i].name, series_color(i)));
+      entropy.push_back(load_series(
+          it->second, [](const LoadRecord& r) { return std::optional<double>(r.entropy); },
+          summaries[i].name, series_color(i)));
+    }
+    html += fmt::format("<h2>MoE layer {}</h2><div class=\"grid\">", layer) +
+            line_chart(fmt::format("Layer {}: MaxVio per step (0 = balanced)", layer), maxvio, {},
+                       axis, false) +
+            line_chart(fmt::format("Layer {}: normalised routing entropy (1 = balanced)", layer),
+                       entropy, {}, axis, false) +
+            "</div>\n";
+  }
+  return html + "</body></html>\n";
+}
+
+void write_compare(const std::vector<std::string>& run_dirs, const std::string& out_path) {
+  std::vector<RunLogs> runs;
+  for (const auto& dir : run_dirs) runs.push_back(read_run_logs(dir));
+  write_file_atomic(out_path, render_compare(runs));
+}
+
+}  // namespace minimind

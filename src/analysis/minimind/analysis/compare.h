@@ -1,0 +1,31 @@
+// compare.html: several runs side by side (the balancing study, or any runs): validation
+// and training loss overlaid, MaxVio and routing entropy per layer per run, and a table of
+// final figures. Self-contained like report.html.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "minimind/run/run_log.h"
+
+namespace minimind {
+
+// The final figures of one run, as the table shows them.
+struct RunSummary {
+  std::string name;  // the run directory's name
+  int64_t steps = 0;
+  std::optional<double> val_loss, val_ppl;  // the last evaluation
+  std::vector<double> max_vio_global;       // per layer: MaxVio of the last evaluation's counts
+  std::vector<int64_t> dead;                // per layer: experts the last evaluation never chose
+  std::optional<double> dropped;            // capacity: fraction dropped in the last interval
+  double tok_per_s = 0;                     // training tokens per second over the run
+};
+RunSummary summarize_run(const RunLogs& logs);
+
+// Throws DataError when fewer than two runs are given.
+std::string render_compare(const std::vector<RunLogs>& runs);
+
+// Reads each run directory's logs and writes the page to out_path (atomically).
+void write_compare(const std::vector<std::string>& run_dirs, const std::string& out_path);
+
+}  // namespace minimind
