@@ -14,6 +14,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "command_line.h"
@@ -58,6 +59,77 @@ double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
   return 6 * matmul_params + 12.0 * m.num_hidden_layers * seq * m.num_attention_heads * d;
 }
 
+// --variant: several configs trained in one process, one step of each in turn, so that the
+// machine's speed drifting (a shared VM moves by tens of percent over seconds) hits every
+// variant alike. Prints per variant the median step, tok/s and model GFLOP/s relative to
+// the first (the bench config as given).
+struct Variant {
+  std::string name;
+  minimind::Config cfg;
+  minimind::MiniMindForCausalLM model{nullptr};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::vector<double> seconds;
+};
+
+double timed_step(Variant& v, const torch::Tensor& ids) {
+  using namespace minimind;
+  Stopwatch clock;
+  ForwardOutput out = v.model(ids, ids);
+  (out.loss + out.aux_loss + out.z_loss).backward();
+  finish_gradients(v.model->parameters(), 1.0);
+  v.opt->step();
+  v.model->update_router_bias(out_counts(out));
+  clear_gradients(v.model->parameters());
+  return clock.seconds();
+}
+
+int compare_variants(const minimind::Config& base, const std::vector<std::string>& specs, int steps,
+                     int warmup, int threads) {
+  using namespace minimind;
+  std::vector<Variant> variants;
+  std::vector<std::string> all{"default:"};
+  all.insert(all.end(), specs.begin(), specs.end());
+  for (const auto& spec : all) {
+    const size_t colon = spec.find(':');
+    if (colon == std::string::npos || colon == 0)
+      throw ConfigError("--variant '" + spec + "': expected NAME:section.key=value,...");
+    Variant v;
+    v.name = spec.substr(0, colon);
+    v.cfg = base;
+    std::stringstream sets(spec.substr(colon + 1));
+    for (std::string set; std::getline(sets, set, ',');)
+      if (!set.empty()) apply_override(v.cfg, set);
+    for (const auto& w : validate_and_resolve(v.cfg)) spdlog::warn("{}: {}", v.name, w);
+    torch::manual_seed(0);
+    v.model = MiniMindForCausalLM(v.cfg.model);
+    init_weights(v.model);
+    v.model->train();
+    v.opt = make_optimizer(v.model->parameters(), v.cfg.train);
+    variants.push_back(std::move(v));
+  }
+  const int64_t B = 8, T = 256;
+  torch::Tensor ids = torch::randint(3, base.model.vocab_size, {B, T}, torch::kLong);
+  for (int s = 0; s < warmup + steps; ++s)
+    for (auto& v : variants) {
+      const double t = timed_step(v, ids);
+      if (s >= warmup) v.seconds.push_back(t);
+    }
+  const double base_gflops =
+      B * T / median(variants[0].seconds) * flops_per_token(variants[0].cfg.model, T) / 1e9;
+  std::cout << fmt::format(
+      "{} variants, {} threads, {} measured steps each, interleaved\n"
+      "| variant | step ms | tok/s | model GFLOP/s | per-FLOP speed (MFU) vs {} |\n"
+      "|---|---:|---:|---:|---:|\n",
+      variants.size(), threads, steps, variants[0].name);
+  for (const auto& v : variants) {
+    const double step = median(v.seconds);
+    const double gflops = B * T / step * flops_per_token(v.cfg.model, T) / 1e9;
+    std::cout << fmt::format("| {} | {:.0f} | {:.0f} | {:.1f} | {:+.1f} % |\n", v.name, 1e3 * step,
+                             B * T / step, gflops, 100 * (gflops / base_gflops - 1));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +159,14 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets,
                  "SECTION.KEY=VALUE on the bench config, e.g. model.capacity_factor=1.25 "
                  "(repeatable; a balancing method's cost)");
+  std::vector<std::string> variants;
+  app.add_option("--variant", variants,
+                 "NAME:section.key=value,... (repeatable): train these variants of the bench "
+                 "config and the config itself in one process, a step of each in turn, and "
+                 "print a table of their speed per model FLOP");
   app.add_flag("--json", json, "one JSON line on stdout");
+  for (const char* other : {"--json", "--profile"})
+    app.get_option("--variant")->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
   // The profiler writes its trace only after the measured step; find out now if it can.
@@ -117,6 +196,7 @@ int main(int argc, char** argv) {
     const double peak = check_blas(1536).gflops;
     if (blas_threads > 0) set_blas_threads(blas_threads);
     if (torch_threads > 0) torch::set_num_threads(torch_threads);
+    if (!variants.empty()) return compare_variants(cfg, variants, steps, warmup, n_threads);
 
     torch::manual_seed(0);
     MiniMindForCausalLM model(cfg.model);

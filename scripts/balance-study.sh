@@ -6,7 +6,7 @@
 # the page shows how far two runs of one method differ by chance.
 #
 # Usage: scripts/balance-study.sh [OUT_DIR]        (default runs/study)
-#   STUDY_STEPS=N   optimizer steps per run (default 100: see README, "The balancing study")
+#   STUDY_STEPS=N   optimizer steps per run (default 80: see README, "The balancing study")
 #   STUDY_ONLY="a b"  run only these methods (names below); the others are skipped
 #   STUDY_JOBS=N    runs trained at once (default 1, all cores each; N > 1: one thread each.
 #                   On the 2-core machine of the README two one-thread runs took as long as
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/study}
-STEPS=${STUDY_STEPS:-100}
+STEPS=${STUDY_STEPS:-80}
 JOBS=${STUDY_JOBS:-1}
 TRAIN=./build/app/minimind-train
 EVAL=./build/app/minimind-eval

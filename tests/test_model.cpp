@@ -72,11 +72,14 @@ TEST(ParamCount, TinyPresetsHaveEqualActiveParameters) {
 }
 
 // The up-front memory check (config.h) counts the parameters from the config alone: it must
-// agree with the built model, dense, MoE and with an untied head.
+// agree with the built model: dense, MoE, an untied head, shared experts, a hash router
+// (which has no gate).
 TEST(ParamCount, MemoryEstimateCountsTheBuiltModel) {
-  for (int variant = 0; variant < 3; ++variant) {
-    ModelConfig c = small(variant == 1);
+  for (int variant = 0; variant < 5; ++variant) {
+    ModelConfig c = small(variant == 1 || variant >= 3);
     c.tie_word_embeddings = variant != 2;
+    if (variant == 3) c.n_shared_experts = 2, c.shared_expert_intermediate_size = 48;
+    if (variant == 4) c.router = "hash", c.router_aux_loss_coef = 0;
     MiniMindForCausalLM m(c);
     const double rope_bytes = 2.0 * 4 * c.max_position_embeddings * c.head_dim();
     const double params = static_cast<double>(count_parameters(m).total);
