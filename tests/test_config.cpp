@@ -226,8 +226,8 @@ TEST(ConfigBalancing, BadValuesAndCombinationsNameTheKeys) {
   expect_error(moe + "  n_shared_experts: 1\n  shared_expert_intermediate_size: 0\n",
                {"model.shared_expert_intermediate_size", "> 0"});
   // Combinations: both keys, both origins.
-  expect_error("model:\n  n_shared_experts: 1\n",
-               {"model.n_shared_experts (test.yaml line 2)", "model.use_moe = false"});
+  expect_error("model:\n  n_shared_experts: 1\n", {"model.n_shared_experts (test.yaml line 2)",
+                                                   "model.use_moe (default)", "use_moe: false"});
   expect_error(
       moe +
           "  router: random\n  router_bias_update_rate: 0.001\n  "

@@ -221,7 +221,9 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
   };
   if (!m.use_moe)
     for (const auto& [key, on] : moe_only)
-      if (on) c.conflict(key, "model.use_moe = false", "it changes MoE layers, and there are none");
+      if (on)
+        c.conflict(key, "model.use_moe",
+                   "it changes MoE layers, and with use_moe: false there are none");
 
   // The control routers have no scores: nothing for a loss, a bias or a capacity ranking.
   if (!m.learned_router()) {
