@@ -165,7 +165,10 @@ std::string render_report(const RunLogs& logs) {
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
     std::vector<Series> maxvio, entropy, spread, z, dropped;
-    for (const auto& [layer, points] : logs.train_load) {
+    for (const auto& entry : logs.train_load) {
+      // Not a structured binding: C++17 lambdas (add, below) cannot capture one (clang).
+      const std::vector<LoadRecord>& points = entry.second;
+      const int64_t layer = entry.first;
       const std::string name = "L" + std::to_string(layer);
       const std::string& color = series_color(static_cast<size_t>(layer));
       auto add = [&](std::vector<Series>& to, const LoadValue& value) {
