@@ -22,6 +22,7 @@
 #include "minimind/error.h"
 #include "minimind/eval/generate.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/run/expert_counts.h"
 #include "minimind/train/optim.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
@@ -31,10 +32,9 @@ namespace {
 
 // The step's expert counts per MoE layer, as the trainer hands them to the bias update.
 std::vector<std::vector<int64_t>> out_counts(const minimind::ForwardOutput& out) {
-  std::vector<std::vector<int64_t>> c;
-  for (const auto& t : out.expert_counts)
-    c.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-  return c;
+  minimind::ExpertCounts c;
+  c.add(out.expert_counts);
+  return c.layers;
 }
 
 double median(std::vector<double> v) {

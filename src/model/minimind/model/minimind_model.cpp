@@ -103,9 +103,8 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     out.expert_counts.push_back(m.counts);
     if (m.z.defined()) out.layer_z.push_back(m.z);
     if (m.dropped.defined()) out.layer_dropped.push_back(m.dropped);
-    out.layer_index.push_back(m.index);
     if (m.keep.defined()) out.layer_keep.push_back(m.keep);
-    if (!cache)  // not during generation, where it costs a sync per token
+    if (is_training())  // a training statistic: two syncs per layer, not paid in eval
       out.layer_seq_max_vio.push_back(
           sequence_max_vio(m.index, real, input_ids.size(0), cfg_.num_experts));
     if (m.route_counts.defined()) {

@@ -73,9 +73,8 @@ struct ForwardOutput {
   std::vector<torch::Tensor> expert_counts;
   std::vector<torch::Tensor> layer_z;        // per MoE layer: [] mean lse^2 (learned router)
   std::vector<torch::Tensor> layer_dropped;  // per MoE layer: [] int64 (capacity on)
-  std::vector<torch::Tensor> layer_index;    // per MoE layer: [B*T, k] chosen experts
   std::vector<torch::Tensor> layer_keep;     // per MoE layer: [B*T, k] kept (capacity on)
-  // per MoE layer: max over the batch's rows of the row's MaxVio (real tokens only)
+  // per MoE layer (training): max over the batch's rows of the row's MaxVio (real tokens)
   std::vector<double> layer_seq_max_vio;
 };
 

@@ -126,6 +126,11 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   }
   const int64_t bins = num_experts_ + (out.keep.defined() ? 1 : 0);
   torch::Tensor counts = torch::bincount(flat_index, {}, bins);  // [E] (+1: dropped)
+  // The router's choices per expert over all N tokens, before dropping: the dispatch counts
+  // when nothing is dropped.
+  const torch::Tensor chosen = index.reshape({-1});  // [N*k]
+  const torch::Tensor chosen_counts =
+      out.keep.defined() ? torch::bincount(chosen, {}, num_experts_) : counts;  // [E]
   torch::Tensor order = std::get<1>(torch::sort(flat_index, /*stable=*/true, 0, false));
   const int64_t kept =
       flat_index.size(0) - (out.keep.defined() ? counts[num_experts_].item<int64_t>() : 0);
@@ -165,7 +170,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   out.aux_loss = out.z_loss = zero;
   if (train_router && cfg_.router_aux_loss_coef > 0) {
     if (cfg_.aux_loss_scope == "global") {
-      out.route_counts = torch::bincount(index.reshape({-1}), {}, num_experts_).to(torch::kFloat64);
+      out.route_counts = chosen_counts.to(torch::kFloat64);
       out.probs_mean = r.probs.mean(0);  // [E]
     } else {
       out.aux_loss = aux_loss(r, x.size(0));
@@ -183,9 +188,9 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   // Load statistics over real tokens only, before dropping.
   torch::Tensor real_slots;  // [N*k] bool
   if (real.defined()) real_slots = real.unsqueeze(1).expand_as(index).reshape({-1});
-  const torch::Tensor chosen = index.reshape({-1});
-  out.counts = torch::bincount(real_slots.defined() ? chosen.masked_select(real_slots) : chosen, {},
-                               num_experts_);
+  out.counts = real_slots.defined()
+                   ? torch::bincount(chosen.masked_select(real_slots), {}, num_experts_)
+                   : chosen_counts;
   if (out.keep.defined()) {
     torch::Tensor dropped = out.keep.reshape({-1}).logical_not();
     if (real_slots.defined()) dropped = dropped.logical_and(real_slots);

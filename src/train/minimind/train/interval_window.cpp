@@ -9,7 +9,6 @@ void IntervalWindow::on_step(const StepInfo& s) {
   loss_ += st.loss, lm_ += st.lm_loss, aux_ += st.aux_loss, grad_norm_ += st.grad_norm;
   z_ += st.z_loss, comm_ += st.comm_seconds;
   if (!st.layer_dropped.empty()) {
-    drops_ = true;
     for (int64_t d : st.layer_dropped) dropped_ += d;
     for (const auto& layer : st.counts.layers)
       for (int64_t c : layer) assigned_ += c;
@@ -29,14 +28,11 @@ void IntervalWindow::on_step(const StepInfo& s) {
   r.elapsed = s.run_seconds;
   if (multi_rank_) r.allreduce_ms = 1e3 * comm_ / n;
   if (z_loss_on_) r.z_loss = z_ / n;
-  if (drops_)
-    r.dropped =
-        static_cast<double>(dropped_) / static_cast<double>(std::max<int64_t>(1, assigned_));
+  if (assigned_ > 0) r.dropped = static_cast<double>(dropped_) / static_cast<double>(assigned_);
   info.counts = std::move(counts_);
   // The next interval starts empty.
   loss_ = lm_ = aux_ = z_ = grad_norm_ = comm_ = 0;
   steps_ = tokens_ = dropped_ = assigned_ = 0;
-  drops_ = false;
   counts_ = ExpertCounts{};
   clock_.restart();
   out_.on_interval(info);
@@ -46,7 +42,7 @@ void IntervalWindow::save_state(nlohmann::json& into) const {
   into["interval"] = {{"loss", loss_},       {"lm_loss", lm_},          {"aux_loss", aux_},
                       {"z_loss", z_},        {"grad_norm", grad_norm_}, {"comm_seconds", comm_},
                       {"steps", steps_},     {"tokens", tokens_},       {"counts", counts_.layers},
-                      {"dropped", dropped_}, {"assigned", assigned_},   {"drops", drops_}};
+                      {"dropped", dropped_}, {"assigned", assigned_}};
 }
 
 void IntervalWindow::restore_state(const nlohmann::json& from) {
@@ -60,7 +56,6 @@ void IntervalWindow::restore_state(const nlohmann::json& from) {
   // Checkpoints from before the balancing lab have no z-loss or drop sums.
   z_ = w.value("z_loss", 0.0);
   dropped_ = w.value("dropped", int64_t{0}), assigned_ = w.value("assigned", int64_t{0});
-  drops_ = w.value("drops", false);
 }
 
 }  // namespace minimind

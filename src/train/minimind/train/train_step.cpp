@@ -73,7 +73,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     for (const auto& t : out.layer_dropped) dropped.push_back(t.item<int64_t>());
     accumulate(s.layer_aux, aux);
     accumulate(s.layer_z, z);
-    accumulate(s.layer_dropped, dropped);
+    add_counts(s.layer_dropped, dropped);
     s.layer_seq_max_vio.resize(out.layer_seq_max_vio.size(), 0.0);
     for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
       s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
