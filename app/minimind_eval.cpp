@@ -14,13 +14,17 @@
 #include "minimind/analysis/compare.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
+#include "minimind/analysis/routing_page.h"
 #include "minimind/data/prepare.h"
 #include "minimind/error.h"
+#include "minimind/eval/analyze.h"
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
+#include "minimind/run/checkpoint.h"
 #include "minimind/run/routing_metrics.h"
 #include "minimind/run/run_log.h"
+#include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
 #include "minimind/util/stopwatch.h"
@@ -28,7 +32,9 @@
 namespace {
 
 struct Args {
-  std::string checkpoint, config, tokenizer, data, prompt, inspect, report;
+  std::string checkpoint, config, tokenizer, data, prompt, inspect, report, analyze;
+  std::vector<std::string> data_list;  // --data, repeatable (NAME=FILE for --analyze)
+  std::string analyze_out;
   std::vector<std::string> compare;  // run directories
   std::string compare_out = "compare.html";
   int64_t max_docs = -1, batch_size = 0, threads = 0;
@@ -64,11 +70,72 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
       r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
   for (size_t l = 0; l < r.expert_counts.layers.size(); ++l) {
     const RoutingMetrics rm = routing_metrics(r.expert_counts.layers[l]);
-    spdlog::info("  {}  counts {}", load_row(static_cast<int64_t>(l), rm),
-                 fmt::join(rm.counts, " "));
-    summary.expert_load.push_back(LoadRecord::make(m.step, static_cast<int64_t>(l), "eval", rm));
+    const RouterInfo ri = r.expert_counts.router_info(l);
+    spdlog::info("  {}{}  counts {}", load_row(static_cast<int64_t>(l), rm),
+                 ri.tokens > 0 ? "  " + router_row(ri) : "", fmt::join(rm.counts, " "));
+    LoadRecord rec = LoadRecord::make(m.step, static_cast<int64_t>(l), "eval", rm);
+    rec.set_router(ri);
+    summary.expert_load.push_back(rec);
   }
   if (a.json) std::cout << nlohmann::json(summary).dump() << std::endl;
+  return 0;
+}
+
+// --analyze: the routing analysis of a MoE checkpoint on probe corpora (default: the run's
+// validation split), as a page and optionally JSON.
+int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
+  using namespace minimind;
+  AnalyzeOptions o;
+  std::optional<TokenFile> val;
+  for (const std::string& d : a.data_list) {
+    // NAME=FILE, or FILE (named after its file name).
+    const size_t eq = d.find('=');
+    const bool named = eq != std::string::npos && eq > 0 && !std::filesystem::exists(d);
+    const std::string file = named ? d.substr(eq + 1) : d;
+    const std::string name = named ? d.substr(0, eq) : std::filesystem::path(d).stem().string();
+    if (!std::filesystem::exists(file))
+      throw DataError("probe corpus '" + file + "' does not exist (--data " + d + ")");
+    o.sources.push_back({name, file, nullptr});
+  }
+  if (o.sources.empty()) {
+    PreparedData d = prepare_data(m.config.data, m.config.model.vocab_size, threads);
+    if (d.val_path.empty() || d.val_docs == 0)
+      throw DataError("the run has no validation split; pass --data FILE.jsonl to analyse");
+    val = TokenFile::open(d.val_path);
+    o.sources.push_back({"validation", "", &*val});
+  }
+  o.batch_size = a.batch_size > 0 ? a.batch_size : m.config.train.batch_size;
+  o.max_docs = a.max_docs;
+  o.keep_checkpoints = m.config.train.keep_checkpoints;
+  o.checkpoint_interval = m.config.train.checkpoint_interval;
+  o.in_run = !m.run_dir.empty();
+  if (o.in_run) o.checkpoints = list_checkpoints(m.run_dir);
+  const bool tty = isatty(STDERR_FILENO);
+  o.progress = [tty](const std::string& line) {
+    if (tty) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      std::fflush(stderr);
+    } else if (!line.empty()) {
+      spdlog::info("{}", line);
+    }
+  };
+  const Stopwatch clock;
+  const RoutingAnalysis r = analyze_routing(m, o);
+  spdlog::info("analysed {} tokens of {} documents in {:.1f} s", r.tokens, r.documents,
+               clock.seconds());
+  for (const auto& l : r.layer)
+    spdlog::info("  L{}  MI {}  vocabulary specialisation {}  repeat {:.3f} (chance {:.3f})",
+                 l.layer, l.router.tokens > 0 ? fmt::format("{:.3f}", l.router.mi) : "-",
+                 l.vocab_specialisation ? fmt::format("{:.3f}", *l.vocab_specialisation)
+                                        : std::string("too few tokens"),
+                 l.repeat_rate, l.repeat_chance);
+  if (!r.saturation_note.empty()) spdlog::info("{}", r.saturation_note);
+  const std::string out = !a.analyze_out.empty() ? a.analyze_out
+                          : !m.run_dir.empty()   ? m.run_dir + "/analysis.html"
+                                                 : "analysis.html";
+  write_file_atomic(out, render_analysis_page(r));
+  spdlog::info("wrote {}", out);
+  if (a.json) std::cout << nlohmann::json(r).dump() << std::endl;
   return 0;
 }
 
@@ -123,8 +190,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config, "YAML config (required for a bare .pth)");
   app.add_option("--tokenizer", a.tokenizer,
                  "sentencepiece .model (default: the run's tokenizer.model)");
-  app.add_option("--data", a.data,
-                 "JSONL corpus to evaluate (default: the run's validation split)");
+  app.add_option("--data", a.data_list,
+                 "JSONL corpus to evaluate (default: the run's validation split); with "
+                 "--analyze, repeatable as NAME=FILE.jsonl, one domain each");
   app.add_option("--max-docs", a.max_docs, "evaluate at most N documents")
       ->check(minimind_app::integer_in(1, std::numeric_limits<int64_t>::max()));
   app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
@@ -157,14 +225,27 @@ int main(int argc, char** argv) {
                  "compare two or more runs (RUN_DIR RUN_DIR ...): writes compare.html")
       ->expected(2, 1 << 20);
   app.add_option("--compare-out", a.compare_out, "where --compare writes (default compare.html)");
+  app.add_option("--analyze", a.analyze,
+                 "routing analysis of a MoE checkpoint or run (PATH as --checkpoint): what "
+                 "each expert learned, on --data corpora or the validation split");
+  app.add_option("--analyze-out", a.analyze_out,
+                 "where --analyze writes its page (default RUN_DIR/analysis.html)");
   // --inspect, --report and --compare read runs' logs; evaluation options would be ignored
   // with them.
   for (const char* reader : {"--inspect", "--report", "--compare"})
-    for (const char* other : {"--checkpoint", "--config", "--tokenizer", "--data", "--prompt"})
+    for (const char* other :
+         {"--checkpoint", "--config", "--tokenizer", "--data", "--prompt", "--analyze"})
       app.get_option(reader)->excludes(app.get_option(other));
+  for (const char* other : {"--checkpoint", "--prompt"})
+    app.get_option("--analyze")->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
   a.gen.use_cache = !no_cache;
+  if (a.analyze.empty() && a.data_list.size() > 1) {
+    std::cerr << "--data: give one corpus to evaluate (several, NAME=FILE, only with --analyze)\n";
+    return 1;
+  }
+  if (!a.data_list.empty() && a.analyze.empty()) a.data = a.data_list[0];
 
   // Human-readable output goes to stderr so that stdout carries only the result.
   spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
@@ -179,6 +260,13 @@ int main(int argc, char** argv) {
         std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
       if (!a.report.empty()) spdlog::info("wrote {}", minimind::write_report(a.report));
       return 0;
+    }
+    if (!a.analyze.empty()) {
+      const int threads = minimind::use_threads(a.threads);
+      minimind::EvalModel m =
+          minimind::load_eval_model(a.analyze, a.config, a.tokenizer, !a.data_list.empty());
+      spdlog::info("loaded {}", m.weights);
+      return analyze_command(a, m, threads);
     }
     if (a.checkpoint.empty()) {
       spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");

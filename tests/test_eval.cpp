@@ -138,6 +138,11 @@ TEST_F(EvalTest, BatchSizeDoesNotChangeTheLossAndEvalLeavesTrainingStateAlone) {
   EXPECT_NEAR(a.loss, b.loss, 1e-6);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.expert_counts, b.expert_counts);
+  ASSERT_EQ(a.expert_counts.router.size(), 2u);  // the router's probabilities, real tokens only
+  for (size_t l = 0; l < 2; ++l) {
+    EXPECT_NEAR(a.expert_counts.router_info(l).mi, b.expert_counts.router_info(l).mi, 1e-9);
+    EXPECT_EQ(a.expert_counts.router_info(l).tokens, b.expert_counts.router_info(l).tokens);
+  }
   EXPECT_TRUE(m.model->is_training());
   for (const auto& p : m.model->named_parameters()) {
     EXPECT_TRUE(torch::equal(p.value(), before[p.key()])) << p.key();
@@ -285,6 +290,71 @@ TEST_F(EvalTest, LabRunReportAndEvaluation) {
   const auto j = nlohmann::json::parse(c.out);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
   EXPECT_EQ(j.at("expert_load").size(), 2u);
+}
+
+// The routing analysis: written at the end of a MoE run (analysis.json, shown in
+// report.html) and by --analyze on any corpora, as a page and as JSON.
+TEST_F(EvalTest, AnalyzeWritesPageJsonAndTheReportShowsIt) {
+  const std::string report = test::read_text(*dir_ + "/moe/report.html");
+  for (const char* part : {"Is the router learning?", "Routing information MI per layer",
+                           "What did the experts learn?", "Token view", "top-1 flow",
+                           "Router saturation", "What each expert sees"})
+    EXPECT_NE(report.find(part), std::string::npos) << part;
+  EXPECT_TRUE(fs::exists(*dir_ + "/moe/analysis.json"));
+  EXPECT_FALSE(fs::exists(*dir_ + "/dense/analysis.json"));
+
+  // Two domains: the corpus split in two files.
+  const std::string a = *dir_ + "/domain_a.jsonl", b = *dir_ + "/domain_b.jsonl";
+  {
+    std::ifstream in(test::small_corpus(*dir_));
+    std::ofstream fa(a), fb(b);
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) (i % 2 ? fb : fa) << line << "\n";
+  }
+  const std::string page = *dir_ + "/analysis_page.html";
+  const Command c = run("--analyze " + *dir_ + "/moe --data novel_a=" + a + " --data novel_b=" + b +
+                        " --analyze-out " + page + " --json");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const auto j = nlohmann::json::parse(c.out);
+  EXPECT_EQ(j.at("domains"), (std::vector<std::string>{"novel_a", "novel_b"}));
+  EXPECT_EQ(j.at("layer").size(), 2u);
+  // Checkpoints at steps 6 and 12 (keep 3): the final one compared with itself is 1.
+  const auto& sat = j.at("saturation");
+  EXPECT_EQ(sat.at("steps"), (std::vector<int64_t>{6, 12}));
+  EXPECT_EQ(sat.at("saturation").back(), 1.0);
+  EXPECT_EQ(sat.at("flip").front(), 0.0);
+  for (const auto& l : j.at("layer")) {
+    EXPECT_EQ(l.at("experts").size(), 4u);
+    EXPECT_EQ(l.at("coactivation").size(), 0u);  // top-1
+    const double mi = l.at("router").at("mi");
+    EXPECT_TRUE(mi >= -1e-9 && mi <= 1) << mi;
+    for (const auto& e : l.at("experts")) EXPECT_EQ(e.at("domain_share").size(), 2u);
+  }
+  const std::string html = test::read_text(page);
+  EXPECT_NE(html.find("Domain × expert"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  const std::string check =
+      std::string(MINIMIND_PYTHON) + " " + test::source_path("tests/reference/check_html.py") + " ";
+  EXPECT_EQ(std::system((check + page).c_str()), 0);
+  EXPECT_EQ(std::system((check + *dir_ + "/moe/report.html 2").c_str()), 0);
+  EXPECT_NE(c.err.find("analysed"), std::string::npos) << c.err;
+}
+
+TEST_F(EvalTest, AnalyzeErrorsNameWhatIsWrong) {
+  Command c = run("--analyze " + *dir_ + "/dense");
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find("nothing to analyse"), std::string::npos) << c.err;
+  const std::string bad = *dir_ + "/no_text.jsonl";
+  test::write_text(bad, "{\"title\": \"x\"}\nnot json\n");
+  c = run("--analyze " + *dir_ + "/moe --data " + bad);
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find(bad), std::string::npos) << c.err;
+  c = run("--analyze " + *dir_ + "/moe --data web=" + *dir_ + "/missing.jsonl");
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find("missing.jsonl"), std::string::npos) << c.err;
+  c = run("--checkpoint " + *dir_ + "/moe --data " + bad + " --data " + bad);
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find("only with --analyze"), std::string::npos) << c.err;
 }
 
 // --compare: any two or more runs on one page, its table taken from each run's logs.

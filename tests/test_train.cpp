@@ -121,6 +121,63 @@ TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
   EXPECT_FALSE(det.observe(1, 80, routing_metrics({10, 500, 250, 240})).has_value());
 }
 
+// Router information from hand-made sums: a uniform router (every token p = 1/E) has MI 0,
+// a router sure of each token and balanced over them has MI 1.
+TEST(RoutingMetrics, RouterInformationOnHandMadeProbabilities) {
+  // 4 tokens, E = 4, uniform: sum p = 1 per expert, H = ln 4 per token, top-2 mass 0.5.
+  const RouterInfo u = router_info({1, 1, 1, 1, 4 * std::log(4.0), 4 * 0.5, 4});
+  EXPECT_NEAR(u.mi, 0.0, 1e-12);
+  EXPECT_NEAR(u.token_entropy, 1.0, 1e-12);
+  EXPECT_NEAR(u.marginal_entropy, 1.0, 1e-12);
+  EXPECT_NEAR(u.confidence, 0.5, 1e-12);
+  // One-hot, one token per expert: H = 0 per token, marginal uniform.
+  const RouterInfo s = router_info({1, 1, 1, 1, 0, 4, 4});
+  EXPECT_NEAR(s.mi, 1.0, 1e-12);
+  EXPECT_NEAR(s.token_entropy, 0.0, 1e-12);
+  // All tokens sure of expert 0 (collapsed): no information either.
+  const RouterInfo c = router_info({4, 0, 0, 0, 0, 4, 4});
+  EXPECT_NEAR(c.mi, 0.0, 1e-12);
+  EXPECT_EQ(router_info({0, 0, 0}).tokens, 0);  // nothing seen
+}
+
+TEST(Uninformative, FiresAfterPatienceOncePerEpisodeAndNotDuringWarmUp) {
+  UninformativeDetector det({0.01, 3, 30});
+  const RoutingMetrics balanced = routing_metrics({250, 250, 250, 250});
+  RouterInfo low;
+  low.mi = 0.002, low.token_entropy = 0.99, low.tokens = 1000;
+  RouterInfo high = low;
+  high.mi = 0.2;
+  std::vector<int64_t> fired_at;
+  for (int64_t step = 10; step <= 90; step += 10)
+    if (auto ev = det.observe(0, step, low, balanced, 3e-10, 2e-3)) {
+      fired_at.push_back(step);
+      EXPECT_EQ(ev->since_step, 40);  // steps 10-30 are the warm-up: not counted
+      EXPECT_EQ(ev->layer, 0);
+      EXPECT_NE(ev->message.find("balanced but uninformative router in layer 0"), std::string::npos)
+          << ev->message;
+      EXPECT_NE(ev->message.find("MiniMind #858"), std::string::npos) << ev->message;
+      EXPECT_EQ(ev->grad_lm, 3e-10);
+    }
+  EXPECT_EQ(fired_at, (std::vector<int64_t>{60}));  // the third window after the warm-up, once
+  // An informative window ends the episode; a new one needs `patience` windows again.
+  EXPECT_FALSE(det.observe(0, 100, high, balanced));
+  EXPECT_FALSE(det.observe(0, 110, low, balanced));
+  EXPECT_FALSE(det.observe(0, 120, low, balanced));
+  EXPECT_TRUE(det.observe(0, 130, low, balanced));
+  // Off with threshold 0.
+  UninformativeDetector off({0.0, 1, 0});
+  EXPECT_FALSE(off.observe(0, 10, low, balanced));
+  // A starved router fires even when its MI is above the threshold; a fed one does not.
+  UninformativeDetector grads({0.01, 2, 0});
+  EXPECT_FALSE(grads.observe(1, 10, high, balanced, 3e-10, 2e-3));
+  const auto ev = grads.observe(1, 20, high, balanced, 3e-10, 2e-3);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->message.find("routing information MI"), std::string::npos) << ev->message;
+  EXPECT_NE(ev->message.find("only they train it"), std::string::npos) << ev->message;
+  EXPECT_FALSE(grads.observe(2, 10, high, balanced, 1e-3, 2e-3));
+  EXPECT_FALSE(grads.observe(2, 20, high, balanced, 1e-3, 2e-3));
+}
+
 // ---- The observers of the loop, each on its own, fed by hand-made notifications.
 
 namespace {
@@ -271,7 +328,7 @@ TEST(RunLogObserver, WritesTheRecordsOfStepsIntervalsEvaluationsAndEvents) {
 
 TEST(CollapseWatcher, TellsTheObserversAfterPatienceIntervals) {
   Recorder rec;
-  CollapseWatcher watcher({0.9, 1, 2}, rec);
+  CollapseWatcher watcher({0.9, 1, 2}, UninformativeThresholds{0.0, 2, 0}, rec);
   IntervalInfo collapsed;
   collapsed.counts.layers = {{50, 50}, {100, 0}};  // layer 1: expert 0 takes all, expert 1 dead
   for (int64_t step : {10, 20, 30}) {
@@ -978,6 +1035,43 @@ TEST(Trainer, BalancingLabLogsAndResumes) {
   EXPECT_NE(msg.find("model.scoring_func: \"sigmoid\" -> \"softmax\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("model.capacity_drop_policy: \"probs\" -> \"position\""), std::string::npos)
       << msg;
+}
+
+// MiniMind #858 on the shipped preset: top-1 with the single weight renormalised to 1.0
+// starves the router of LM gradient. Its layers stay below log.uninformative_mi and the
+// warning fires; the shipped preset (norm_topk_prob false) stays quiet. 60 steps each.
+TEST(Trainer, UninformativeWarningOnMiniMind858NotOnThePreset) {
+  const std::string dir = test::temp_dir("uninformative");
+  std::map<std::string, RunLogs> runs;
+  for (const char* norm : {"false", "true"}) {
+    Config cfg =
+        load_config(
+            source_path("configs/moe.yaml"),
+            {"train.max_steps=60", "train.eval_interval=1000", "train.checkpoint_interval=1000",
+             "model.norm_topk_prob=" + std::string(norm),
+             "data.train=" + source_path("data/austen.jsonl"), "data.cache_dir=" + dir + "/cache"})
+            .config;
+    TrainOptions options;
+    options.out_dir = dir + "/" + norm;
+    train(cfg, options);
+    runs[norm] = read_run_logs(options.out_dir);
+  }
+  EXPECT_TRUE(runs["false"].uninformative.empty()) << runs["false"].uninformative.front().message;
+  ASSERT_FALSE(runs["true"].uninformative.empty());
+  // Every layer: the LM loss sends its router no gradient (layers 2 and 3 also have MI below
+  // 0.01; layers 0 and 1 reach 0.01-0.02 from the aux loss alone).
+  EXPECT_EQ(runs["true"].uninformative.size(), 4u);
+  for (const UninformativeRecord& u : runs["true"].uninformative) {
+    EXPECT_LT(u.mi, 0.03);
+    EXPECT_GT(u.step, 30);  // after warm-up (20) and one log interval
+    // The LM part of the router's gradient is rounding noise next to the aux loss's.
+    ASSERT_TRUE(u.grad_lm && u.grad_balance);
+    EXPECT_LT(*u.grad_lm, kStarvedGradientRatio * *u.grad_balance) << u.message;
+  }
+  // Every MoE load record of a log step carries the router gradient by source.
+  const auto& l0 = runs["false"].train_load.at(0);
+  for (const LoadRecord& r : l0) EXPECT_EQ(r.grad_lm.has_value(), r.step % 10 == 0) << r.step;
+  EXPECT_GT(*l0.back().grad_lm, 1e-4);
 }
 
 TEST(Trainer, ResumeMidIntervalLogsTheSameMonitoring) {

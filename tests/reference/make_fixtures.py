@@ -23,6 +23,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimind_ref import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
+import routing_analysis_ref  # noqa: E402
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256, max_position_embeddings=64)
@@ -107,6 +108,26 @@ def make_idle_expert(model):
             w[0], w[1], w[3] = u, -u, 0.0
 
 
+def router_grad_by_source(model, micro):
+    """Per MoE layer [||d LM / d W_gate||, ||d (aux + z) / d W_gate||] of one optimizer step
+    over the micro-batches (each loss / A), each differentiated on its own."""
+    gates = [l.mlp.gate.weight for l in model.model.layers if hasattr(l.mlp, "gate")]
+    lm = [torch.zeros_like(g) for g in gates]
+    bal = [torch.zeros_like(g) for g in gates]
+    step = {"counts": None, "tokens": 0.0}
+    for m_ids, m_labels in micro:
+        _, loss, aux, z, _ = model(m_ids, m_labels, step)
+        g_lm = torch.autograd.grad(loss / len(micro), gates, retain_graph=True, allow_unused=True)
+        g_bal = torch.autograd.grad((aux + z) / len(micro), gates, allow_unused=True)
+        for i in range(len(gates)):
+            if g_lm[i] is not None:
+                lm[i] += g_lm[i]
+            if g_bal[i] is not None:
+                bal[i] += g_bal[i]
+    return torch.tensor([[a.norm().item(), b.norm().item()] for a, b in zip(lm, bal)],
+                        dtype=torch.float64)
+
+
 def run_case(name, keys, mode, special, out_dir):
     torch.manual_seed(1234)
     cfg = MiniMindConfig(**keys)
@@ -143,11 +164,15 @@ def run_case(name, keys, mode, special, out_dir):
                    z_loss=z.detach())
     if counts:
         fixture["counts"] = torch.stack(counts)
+    if model.model.router:
+        fixture["router_metrics"] = torch.stack(model.model.router)  # [L, 4]
     if model.model.keeps:
         keep = torch.stack(model.model.keeps)
         assert not keep.all(), f"{name}: no expert overflowed; the capacity case tests nothing"
         fixture["keep"] = keep
 
+    if mode == "train" and model.model.router:
+        fixture["router_grad"] = router_grad_by_source(model, micro)
     if mode == "train":
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.01)
@@ -177,12 +202,32 @@ def run_case(name, keys, mode, special, out_dir):
     torch.save(fixture, os.path.join(out_dir, f"{name}.pt"))
 
 
+def routing_analysis_fixture(out_dir):
+    """routing_analysis.pt: random choices (k = 1 and k = 2) with the reference metrics,
+    and checkpoints' choices with their saturation and flip rates."""
+    fx = {}
+    for k in (1, 2):
+        vocab, experts, layers, n_domains = 24, 4, 3, 2
+        seqs, domains = routing_analysis_ref.make_case(10 + k, vocab, experts, k, layers, n_domains)
+        fx[f"k{k}_ids"] = [s[0] for s in seqs]
+        fx[f"k{k}_choices"] = [s[1] for s in seqs]
+        fx[f"k{k}_domains"] = torch.tensor(domains)
+        fx[f"k{k}_ref"] = routing_analysis_ref.analysis(seqs, domains, n_domains, vocab, experts, k)
+    g = torch.Generator().manual_seed(5)
+    topk = torch.rand(4, 3, 200, 4, generator=g).topk(2, dim=3).indices  # [C, L, T, k]
+    topk[-1] = topk[-2]  # the last two checkpoints agree: flip 0 there
+    fx["sat_topk"] = topk
+    fx["sat_ref"], fx["flip_ref"] = routing_analysis_ref.saturation(topk)
+    torch.save(fx, os.path.join(out_dir, "routing_analysis.pt"))
+
+
 def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
     torch.set_num_threads(1)  # with one thread C++ and Python results are reproducible
     for name, (keys, mode, special) in CASES.items():
         run_case(name, keys, mode, special, out_dir)
+    routing_analysis_fixture(out_dir)
     with open(os.path.join(out_dir, "cases.txt"), "w") as f:
         f.write("\n".join(CASES) + "\n")
     print(f"wrote {len(CASES)} parity fixtures to {out_dir}")

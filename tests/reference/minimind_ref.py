@@ -217,6 +217,7 @@ class MOEFeedForward(nn.Module):
         if self.training and learned and c.router_z_loss_coef > 0:
             self.z_loss = c.router_z_loss_coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
         self.topk_idx, self.keep = topk_idx, keep  # load counts are taken in MiniMindModel.forward
+        self.probs = probs  # the router metrics read them (None without a learned router)
         return y.view(b, t, h)
 
     def update_bias(self, step_counts):
@@ -225,6 +226,18 @@ class MOEFeedForward(nn.Module):
             with torch.no_grad():
                 cnt = step_counts.float()
                 self.gate.e_score_correction_bias += torch.sign(cnt.mean() - cnt) * self.c.router_bias_update_rate
+
+
+def router_metrics(p, idx):
+    """docs/moe-routing.md, "Is the router learning?": token entropy, marginal entropy,
+    routing information MI and confidence of probabilities p [T, E] with choices idx [T, k]."""
+    p = p.detach().double()
+    ln_e = math.log(p.shape[1])
+    h_tok = -torch.xlogy(p, p).sum(1).mean() / ln_e
+    pm = p.mean(0)
+    h_m = -torch.xlogy(pm, pm).sum() / ln_e
+    conf = p.gather(1, idx).sum(1).mean()
+    return torch.stack([h_tok, h_m, h_m - h_tok, conf])
 
 
 class MiniMindBlock(nn.Module):
@@ -276,6 +289,8 @@ class MiniMindModel(nn.Module):
         real = (input_ids != 0).flatten()
         counts = [torch.bincount(m.topk_idx[real].flatten(), minlength=len(m.experts)) for m in moe]
         self.keeps = [m.keep for m in moe if m.keep is not None]
+        self.router = [router_metrics(m.probs[real], m.topk_idx[real]) for m in moe
+                       if m.probs is not None]
         return self.norm(h), aux, z, counts
 
 

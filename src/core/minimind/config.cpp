@@ -125,6 +125,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
       MM_FIELD(log, collapse_patience),
+      MM_FIELD(log, uninformative_mi),
   };
   return fields;
 }
@@ -359,6 +360,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
   c.in_range("log.collapse_max_share", cfg.log.collapse_max_share, 0.0, 1.0, false);
   c.positive("log.collapse_dead_experts", cfg.log.collapse_dead_experts);
   c.positive("log.collapse_patience", cfg.log.collapse_patience);
+  c.in_range("log.uninformative_mi", cfg.log.uninformative_mi, 0.0, 1.0, true);
 
   std::vector<std::string> warnings;
   const ModelConfig& m = cfg.model;

@@ -135,6 +135,7 @@ std::string page_head(const std::string& title) {
          "10px}"
          ".frame{fill:none;stroke:#bbb}.gl{stroke:#eee}.event{stroke:#d00;stroke-width:1.2;stroke-"
          "dasharray:4,3}"
+         "p.note{font-size:12px;color:#555;max-width:900px}"
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px "
          "6px}"
          "</style></head><body>\n";

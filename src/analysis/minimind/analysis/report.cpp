@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "minimind/analysis/charts.h"
+#include "minimind/analysis/routing_page.h"
 #include "minimind/util/atomic_file.h"
 
 namespace minimind {
@@ -102,6 +103,27 @@ std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dr
   return "<h2>Balancing methods</h2><div class=\"grid\">" + charts + "</div>\n";
 }
 
+// Is the router learning? Routing information and token entropy per layer, and the router
+// gradient by source (log10), with the steps of "uninformative" warnings marked.
+std::string router_section(const std::vector<Series>& mi, const std::vector<Series>& entropy,
+                           const std::vector<Series>& grad_lm, const std::vector<Series>& grad_bal,
+                           const std::vector<UninformativeRecord>& warnings, const StepAxis& axis) {
+  if (mi.empty()) return "";
+  std::vector<int64_t> events;
+  for (const auto& w : warnings) events.push_back(w.step);
+  std::string html =
+      "<h2>Is the router learning?</h2><p class=\"note\">Routing information MI = H<sub>m</sub> "
+      "− H̄: near 0 the router gives every token the same probabilities, however balanced its "
+      "counts look (MiniMind #858). The gradient charts show what trains the router: the LM "
+      "loss, or only the balancing losses.</p><div class=\"grid\">" +
+      line_chart("Routing information MI per layer (0 = uninformative)", mi, events, axis) +
+      line_chart("Token entropy H̄ per layer (1 = the same for every token)", entropy, events, axis);
+  if (!grad_lm.empty())
+    html += line_chart("log10 ‖∂LM/∂W_gate‖ per layer (log steps)", grad_lm, {}, axis) +
+            line_chart("log10 ‖∂(aux + z)/∂W_gate‖ per layer (log steps)", grad_bal, {}, axis);
+  return html + "</div>\n";
+}
+
 std::string legend() {
   std::string svg =
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"40\" class=\"legendbar\">";
@@ -164,7 +186,7 @@ std::string render_report(const RunLogs& logs) {
       html += heatmap(layer, points, ev, axis);
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
-    std::vector<Series> maxvio, entropy, spread, z, dropped;
+    std::vector<Series> maxvio, entropy, spread, z, dropped, mi, token_entropy, grad_lm, grad_bal;
     for (const auto& entry : logs.train_load) {
       // Not a structured binding: C++17 lambdas (add, below) cannot capture one (clang).
       const std::vector<LoadRecord>& points = entry.second;
@@ -180,6 +202,14 @@ std::string render_report(const RunLogs& logs) {
       add(spread, [](const LoadRecord& r) { return r.seq_max_vio; });
       add(z, [](const LoadRecord& r) { return r.z; });
       add(dropped, [](const LoadRecord& r) { return r.dropped; });
+      add(mi, [](const LoadRecord& r) { return r.mi; });
+      add(token_entropy, [](const LoadRecord& r) { return r.token_entropy; });
+      // Gradient norms span orders of magnitude (#858: ~1e-9 against ~1e-3): log10.
+      const auto log10_of = [](const std::optional<double>& v) {
+        return v && *v > 0 ? std::optional<double>(std::log10(*v)) : std::nullopt;
+      };
+      add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.grad_lm); });
+      add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.grad_balance); });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
@@ -190,16 +220,22 @@ std::string render_report(const RunLogs& logs) {
     if (!z.empty())  // router health: growing logits make routing brittle (ST-MoE)
       html += line_chart("Router z per layer (mean of logsumexp(logits)²)", z, {}, axis);
     html += "</div>\n";
+    html += router_section(mi, token_entropy, grad_lm, grad_bal, logs.uninformative, axis);
     html += balancing_section(logs, dropped, axis);
   }
-  html += "<h2>Collapse events</h2>";
-  if (logs.collapses.empty()) {
+  // The routing analysis the trainer wrote at the end of the run (validation split).
+  if (const auto analysis = read_analysis(logs.run_dir)) html += analysis_sections(*analysis);
+  html += "<h2>Collapse and router warnings</h2>";
+  if (logs.collapses.empty() && logs.uninformative.empty()) {
     html += "<p>None.</p>";
   } else {
     html += "<table><tr><th>step</th><th>layer</th><th>warning</th></tr>";
     for (const auto& c : logs.collapses)
       html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", c.step, c.layer,
                           esc(c.message));
+    for (const auto& u : logs.uninformative)
+      html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", u.step, u.layer,
+                          esc(u.message));
     html += "</table>";
   }
   return html + "\n</body></html>\n";

@@ -16,7 +16,8 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   EvalResult r;
   // Sized from the config, so that a rank that gets no batch still sums with the others.
   r.expert_counts =
-      ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts));
+      ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts),
+                          m.use_moe && m.learned_router());
   const int64_t n = max_docs < 0
                         ? static_cast<int64_t>(docs.num_docs())
                         : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
@@ -42,6 +43,7 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
     r.tokens += (targets != -100).sum().item<int64_t>();
     r.documents += B;
     r.expert_counts.add(out.expert_counts);
+    r.expert_counts.add_router(out.layer_router);
   }
   if (dist && world > 1) {
     std::vector<double> sums{loss_sum};

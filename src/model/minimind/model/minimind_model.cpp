@@ -104,6 +104,11 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     if (m.z.defined()) out.layer_z.push_back(m.z);
     if (m.dropped.defined()) out.layer_dropped.push_back(m.dropped);
     if (m.keep.defined()) out.layer_keep.push_back(m.keep);
+    out.layer_index.push_back(m.index);
+    if (m.router_sums.defined()) {
+      out.layer_probs.push_back(m.probs);
+      out.layer_router.push_back(m.router_sums);
+    }
     if (is_training())  // a training statistic: two syncs per layer, not paid in eval
       out.layer_seq_max_vio.push_back(
           sequence_max_vio(m.index, real, input_ids.size(0), cfg_.num_experts));
@@ -163,6 +168,13 @@ std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_biases() const {
   std::vector<torch::Tensor> out;
   for (const auto& block : model->blocks)
     if (block->moe_mlp && block->moe_mlp->bias().defined()) out.push_back(block->moe_mlp->bias());
+  return out;
+}
+
+std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_weights() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& block : model->blocks)
+    if (block->moe_mlp && block->moe_mlp->gate) out.push_back(block->moe_mlp->gate->weight);
   return out;
 }
 

@@ -76,6 +76,10 @@ struct ForwardOutput {
   std::vector<torch::Tensor> layer_keep;     // per MoE layer: [B*T, k] kept (capacity on)
   // per MoE layer (training): max over the batch's rows of the row's MaxVio (real tokens)
   std::vector<double> layer_seq_max_vio;
+  std::vector<torch::Tensor> layer_index;  // per MoE layer: [B*T, k] the chosen experts
+  // per MoE layer, learned routers only: [B*T, E] router probabilities (detached) and
+  // [E + 3] float64 their sums over the real tokens (RouterSums)
+  std::vector<torch::Tensor> layer_probs, layer_router;
 };
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {
@@ -93,6 +97,8 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   void update_router_bias(const std::vector<std::vector<int64_t>>& step_counts);
   // Per MoE layer: its selection bias [E]; empty unless router_bias_update_rate > 0.
   std::vector<torch::Tensor> router_biases() const;
+  // Per MoE layer with a learned router: the router's weight [E, H] (gate.weight).
+  std::vector<torch::Tensor> router_weights() const;
 
   // The output projection [V, H]: embed_tokens.weight when tied (LibTorch cannot tie by
   // assignment), else lm_head.weight.

@@ -191,6 +191,17 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   out.counts = real_slots.defined()
                    ? torch::bincount(chosen.masked_select(real_slots), {}, num_experts_)
                    : chosen_counts;
+  if (r.probs.defined()) {
+    torch::NoGradGuard no_grad;
+    out.probs = r.probs.detach();
+    torch::Tensor p = out.probs.to(torch::kFloat64);             // [N, E]
+    torch::Tensor entropy = -torch::xlogy(p, p).sum(1);          // [N] nats
+    torch::Tensor confidence = p.gather(1, index).sum(1);        // [N] mass on the chosen
+    torch::Tensor w = real.defined() ? real.to(torch::kFloat64)  // [N] 1 for real tokens
+                                     : torch::ones({p.size(0)}, p.options());
+    out.router_sums = torch::cat({torch::matmul(w, p), (entropy * w).sum().view(1),
+                                  (confidence * w).sum().view(1), w.sum().view(1)});  // [E + 3]
+  }
   if (out.keep.defined()) {
     torch::Tensor dropped = out.keep.reshape({-1}).logical_not();
     if (real_slots.defined()) dropped = dropped.logical_and(real_slots);

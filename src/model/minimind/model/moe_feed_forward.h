@@ -27,6 +27,11 @@ struct MoEOutput {
   torch::Tensor
       keep;  // [N, k] bool: false where capacity dropped the slot; undefined when dropless
   torch::Tensor dropped;  // [] int64: dropped assignments of real tokens; undefined when dropless
+  // Learned router only (undefined otherwise), detached: the scores over all E experts
+  // (normalised sigmoid scores with sigmoid scoring) and their sums over the real tokens,
+  // [sum_t p_t (E), sum_t H(p_t), sum_t of p_t over its chosen experts, T] (RouterSums).
+  torch::Tensor probs;        // [N, E]
+  torch::Tensor router_sums;  // [E + 3] float64
   // Global aux scope only (training, coef > 0): what the model needs to compute the loss
   // over the step's micro-batches and ranks.
   torch::Tensor route_counts;  // [E] float64: assignments per expert of all N tokens

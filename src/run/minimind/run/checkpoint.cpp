@@ -207,6 +207,16 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
   return final_dir.string();
 }
 
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [step, path] : complete_checkpoints(run_dir)) {
+    bool complete = true;
+    for (const char* f : kFiles) complete = complete && fs::exists(path / f);
+    if (complete) out.emplace_back(step, path.string());
+  }
+  return out;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   auto all = complete_checkpoints(run_dir);
   if (all.empty()) return std::nullopt;

@@ -75,6 +75,9 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file = {});
 
+// Every checkpoint directory under run_dir with all its files, oldest first: (step, path).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
+
 // The newest complete checkpoint directory under run_dir, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 

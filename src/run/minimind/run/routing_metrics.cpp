@@ -36,6 +36,35 @@ RoutingMetrics routing_metrics(const std::vector<int64_t>& counts) {
   return m;
 }
 
+RouterInfo router_info(const RouterSums& sums) {
+  RouterInfo r;
+  if (sums.size() < 4) return r;
+  const size_t E = sums.size() - 3;
+  r.tokens = sums[E + 2];
+  if (r.tokens <= 0) return r;
+  const double lnE = E > 1 ? std::log(static_cast<double>(E)) : 1.0;
+  double Hm = 0;
+  for (size_t e = 0; e < E; ++e) {
+    const double P = sums[e] / r.tokens;
+    if (P > 0) Hm -= P * std::log(P);
+  }
+  r.token_entropy = sums[E] / r.tokens / lnE;
+  r.marginal_entropy = Hm / lnE;
+  r.mi = r.marginal_entropy - r.token_entropy;
+  r.confidence = sums[E + 1] / r.tokens;
+  return r;
+}
+
+std::string router_row(const RouterInfo& r) {
+  return fmt::format("MI {:.3f}  H̄ {:.2f}  Hm {:.2f}  conf {:.2f}", r.mi, r.token_entropy,
+                     r.marginal_entropy, r.confidence);
+}
+
+void add_sums(std::vector<double>& sum, const std::vector<double>& values) {
+  if (sum.size() < values.size()) sum.resize(values.size(), 0.0);
+  for (size_t i = 0; i < values.size(); ++i) sum[i] += values[i];
+}
+
 void add_counts(std::vector<int64_t>& sum, const std::vector<int64_t>& counts) {
   if (sum.size() < counts.size()) sum.resize(counts.size(), 0);
   for (size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];

@@ -23,9 +23,31 @@ struct RoutingMetrics {
 
 RoutingMetrics routing_metrics(const std::vector<int64_t>& counts);
 
+// What the router's probabilities say, over a window of T real tokens of one layer (p_t over
+// all E experts; normalised sigmoid scores with sigmoid scoring). Counts can call a router
+// healthy that learns nothing (MiniMind #858); these cannot.
+struct RouterInfo {
+  double token_entropy = 0;     // H̄ = mean_t H(p_t) / ln E      1: says nothing about any token
+  double marginal_entropy = 0;  // H_m = H(mean_t p_t) / ln E     1: mass spread evenly
+  double mi = 0;                // H_m - H̄, routing information   ~0: balanced but uninformative
+  double confidence = 0;        // mean_t of p_t summed over its top-k   k/E for a uniform router
+  double tokens = 0;            // T
+};
+
+// The sums the metrics are made of, per layer, so that micro-batches, steps, log intervals
+// and ranks add up: [sum_t p_t,e (E values), sum_t H(p_t) (nats), sum_t conf_t, T].
+using RouterSums = std::vector<double>;
+RouterInfo router_info(const RouterSums& sums);
+
+// The router part of a terminal row, e.g. "MI 0.21  H̄ 0.80  Hm 0.99  conf 0.43".
+std::string router_row(const RouterInfo& r);
+
 // sum[e] += counts[e], growing sum to the size of counts: the one place counts are added
 // (steps, log intervals, evaluations, ranks).
 void add_counts(std::vector<int64_t>& sum, const std::vector<int64_t>& counts);
+
+// sum[i] += values[i], growing sum: the same for router sums.
+void add_sums(std::vector<double>& sum, const std::vector<double>& values);
 
 // One row for the terminal: bars scaled so a balanced layer is half height.
 // e.g. "L2 ▄▄▅▃ max 0.31 e2  maxvio 0.24  cv 0.15  H 0.99  dead 0"

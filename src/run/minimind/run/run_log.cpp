@@ -157,6 +157,12 @@ LoadRecord LoadRecord::make(int64_t step, int64_t layer, std::string split, cons
   return r;
 }
 
+void LoadRecord::set_router(const RouterInfo& r) {
+  if (r.tokens <= 0) return;
+  token_entropy = r.token_entropy, marginal_entropy = r.marginal_entropy;
+  mi = r.mi, confidence = r.confidence;
+}
+
 RunLogWriter::RunLogWriter(const std::string& run_dir, int64_t keep_until_step) {
   if (run_dir.empty()) return;
   const std::filesystem::path dir(run_dir);
@@ -225,6 +231,7 @@ RunLogs read_run_logs(const std::string& run_dir) {
     if (event == j.end()) throw DataError("field 'event' is missing");
     // Kinds of event this version does not know are left for the tools that do.
     if (*event == "collapse") r.collapses.push_back(j.get<CollapseRecord>());
+    if (*event == "uninformative") r.uninformative.push_back(j.get<UninformativeRecord>());
   });
   return r;
 }

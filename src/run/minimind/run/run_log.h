@@ -4,7 +4,8 @@
 //   metrics.jsonl      TrainRecord ("split": "train", one per log interval) and
 //                      EvalRecord ("split": "eval", one per evaluation)
 //   expert_load.jsonl  LoadRecord, one per (step, MoE layer) and per (evaluation, layer)
-//   events.jsonl       CollapseRecord ("event": "collapse")
+//   events.jsonl       CollapseRecord ("event": "collapse"), UninformativeRecord
+//                      ("event": "uninformative")
 //
 // minimind-eval --json prints an EvalSummary (with LoadRecords) in the same way.
 //
@@ -86,9 +87,14 @@ struct LoadRecord {
   std::optional<double> dropped;            // fraction of the layer's assignments dropped
   std::optional<std::vector<double>> bias;  // selection bias per expert after the step
   std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
+  // Is the router learning? (RouterInfo; learned routers only, training and evaluation)
+  std::optional<double> token_entropy, marginal_entropy, mi, confidence;
+  // Router gradient by source, ||dLM/dW_gate|| and ||d(aux+z)/dW_gate|| (log steps only)
+  std::optional<double> grad_lm, grad_balance;
 
   static LoadRecord make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
                          std::optional<double> aux_unscaled = {});
+  void set_router(const RouterInfo& r);  // leaves the fields unset when r has no tokens
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
@@ -97,7 +103,9 @@ struct LoadRecord {
     f("effective_experts", r.effective_experts), f("max_share", r.max_share);
     f("max_expert", r.max_expert), f("dead", r.dead), f("dead_experts", r.dead_experts);
     f("aux_unscaled", r.aux_unscaled), f("z", r.z), f("dropped", r.dropped), f("bias", r.bias);
-    f("seq_max_vio", r.seq_max_vio);
+    f("seq_max_vio", r.seq_max_vio), f("token_entropy", r.token_entropy);
+    f("marginal_entropy", r.marginal_entropy), f("mi", r.mi), f("confidence", r.confidence);
+    f("grad_lm", r.grad_lm), f("grad_balance", r.grad_balance);
   }
 };
 
@@ -121,6 +129,26 @@ struct CollapseRecord {
   }
 };
 
+// events.jsonl: a layer whose routing information MI stayed below log.uninformative_mi for
+// log.collapse_patience log intervals: the router's probabilities hardly depend on the
+// token, however balanced its counts look (MiniMind #858).
+struct UninformativeRecord {
+  int64_t step = 0, since_step = 0, layer = 0;
+  double mi = 0, token_entropy = 0, threshold = 0;
+  double max_share = 0;  // of the counts: near 1/E is "balanced but uninformative"
+  std::optional<double> grad_lm, grad_balance;  // router gradient by source, last log step
+  std::string message;
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("event", Tag{"uninformative"});
+    f("step", r.step), f("since_step", r.since_step), f("layer", r.layer), f("mi", r.mi);
+    f("token_entropy", r.token_entropy), f("threshold", r.threshold);
+    f("max_share", r.max_share), f("grad_lm", r.grad_lm), f("grad_balance", r.grad_balance);
+    f("message", r.message);
+  }
+};
+
 // minimind-eval --json: loss and expert load of a checkpoint on a corpus.
 struct EvalSummary {
   double loss = 0, ppl = 0;
@@ -139,7 +167,8 @@ struct EvalSummary {
 
 // Every record type, for code that does the same for each (X is a macro taking the type).
 #define MINIMIND_RUN_LOG_RECORDS(X) \
-  X(TrainRecord) X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(EvalSummary)
+  X(TrainRecord)                    \
+  X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(EvalSummary)
 
 // JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
 // throws DataError naming the field.
@@ -160,6 +189,7 @@ class RunLogWriter {
   void write(const EvalRecord& r) { append(metrics_, r); }
   void write(const LoadRecord& r) { append(loads_, r); }
   void write(const CollapseRecord& r) { append(events_, r); }
+  void write(const UninformativeRecord& r) { append(events_, r); }
 
  private:
   static void open(std::ofstream& out, const std::string& path, int64_t keep_until_step);
@@ -175,6 +205,7 @@ struct RunLogs {
   std::map<int64_t, std::vector<LoadRecord>> train_load;  // layer -> one record per step
   std::map<int64_t, std::vector<LoadRecord>> eval_load;   // layer -> one per evaluation
   std::vector<CollapseRecord> collapses;
+  std::vector<UninformativeRecord> uninformative;
   int64_t last_step() const;
 };
 

@@ -60,7 +60,7 @@ void ConsoleObserver::on_interval(const IntervalInfo& i) {
       "{:.0f} tok/s | ETA {}",
       r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, lab, r.lr, r.grad_norm, r.tok_per_s,
       format_duration(eta_));
-  log_load_rows("", i.counts);
+  log_load_rows("", i.counts, &i);
 }
 
 void ConsoleObserver::on_eval(const EvalInfo& e) {
@@ -72,10 +72,18 @@ void ConsoleObserver::on_eval(const EvalInfo& e) {
   log_load_rows("eval ", e.counts);
 }
 
-void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& counts) {
-  for (size_t l = 0; l < counts.layers.size(); ++l)
-    log_.info("  {}{}", prefix,
-              load_row(static_cast<int64_t>(l), routing_metrics(counts.layers[l])));
+void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& counts,
+                                    const IntervalInfo* interval) {
+  for (size_t l = 0; l < counts.layers.size(); ++l) {
+    std::string row = load_row(static_cast<int64_t>(l), routing_metrics(counts.layers[l]));
+    if (l < counts.router.size()) row += "  " + router_row(counts.router_info(l));
+    if (interval && l < interval->layer_z.size())
+      row += fmt::format("  z {:.2f}", interval->layer_z[l]);
+    if (interval && l < interval->layer_grad_lm.size())
+      row += fmt::format("  ∇lm {:.1e} ∇bal {:.1e}", interval->layer_grad_lm[l],
+                         interval->layer_grad_balance[l]);
+    log_.info("  {}{}", prefix, row);
+  }
   // The status line's throughput counts from here: log lines and evaluations are not training.
   tokens_ = 0;
   clock_.restart();
@@ -84,6 +92,11 @@ void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& coun
 void ConsoleObserver::on_collapse(const CollapseRecord& c) {
   clear_status();
   log_.warn("{}", c.message);
+}
+
+void ConsoleObserver::on_uninformative(const UninformativeRecord& u) {
+  clear_status();
+  log_.warn("{}", u.message);
 }
 
 void ConsoleObserver::on_checkpoint(const CheckpointInfo& c) {
@@ -103,6 +116,9 @@ void ConsoleObserver::on_end(const TrainResult& r) {
                   ? fmt::format("; val_loss {:.4f} -> {:.4f}", r.first_val_loss, r.last_val_loss)
                   : "");
   }
+  if (r.router_grad_seconds > 0)
+    log_.info("router gradient by source, measured at log steps: {:.2f} s ({:.2f} % of the loop)",
+              r.router_grad_seconds, 100 * r.router_grad_seconds / std::max(1e-9, r.seconds));
   if (world_size_ > 1)
     log_.info(
         "{} ranks: all-reduce of gradients and statistics {:.1f} ms per step ({:.1f} % of "

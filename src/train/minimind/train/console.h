@@ -28,13 +28,16 @@ class ConsoleObserver : public Observer {
   void on_interval(const IntervalInfo& i) override;
   void on_eval(const EvalInfo& e) override;
   void on_collapse(const CollapseRecord& c) override;
+  void on_uninformative(const UninformativeRecord& u) override;
   void on_checkpoint(const CheckpointInfo& c) override;
   void on_end(const TrainResult& r) override;
 
  private:
   void clear_status();
   // One row per MoE layer, then the status line's throughput starts again.
-  void log_load_rows(const char* prefix, const ExpertCounts& counts);
+  // With an interval: its router z and router gradients too.
+  void log_load_rows(const char* prefix, const ExpertCounts& counts,
+                     const IntervalInfo* interval = nullptr);
   spdlog::logger& log_;
   bool live_;
   bool status_shown_ = false;

@@ -16,6 +16,7 @@ void IntervalWindow::on_step(const StepInfo& s) {
   ++steps_;
   tokens_ += st.tokens;
   counts_.add(st.counts);
+  add_sums(layer_z_, st.layer_z);
   if (s.step % interval_ != 0 && s.step != s.max_steps) return;
 
   const double n = static_cast<double>(steps_);
@@ -30,10 +31,13 @@ void IntervalWindow::on_step(const StepInfo& s) {
   if (z_loss_on_) r.z_loss = z_ / n;
   if (assigned_ > 0) r.dropped = static_cast<double>(dropped_) / static_cast<double>(assigned_);
   info.counts = std::move(counts_);
+  for (double z : layer_z_) info.layer_z.push_back(z / n);
+  info.layer_grad_lm = st.layer_grad_lm, info.layer_grad_balance = st.layer_grad_balance;
   // The next interval starts empty.
   loss_ = lm_ = aux_ = z_ = grad_norm_ = comm_ = 0;
   steps_ = tokens_ = dropped_ = assigned_ = 0;
   counts_ = ExpertCounts{};
+  layer_z_.clear();
   clock_.restart();
   out_.on_interval(info);
 }
@@ -42,7 +46,8 @@ void IntervalWindow::save_state(nlohmann::json& into) const {
   into["interval"] = {{"loss", loss_},       {"lm_loss", lm_},          {"aux_loss", aux_},
                       {"z_loss", z_},        {"grad_norm", grad_norm_}, {"comm_seconds", comm_},
                       {"steps", steps_},     {"tokens", tokens_},       {"counts", counts_.layers},
-                      {"dropped", dropped_}, {"assigned", assigned_}};
+                      {"dropped", dropped_}, {"assigned", assigned_},   {"router", counts_.router},
+                      {"layer_z", layer_z_}};
 }
 
 void IntervalWindow::restore_state(const nlohmann::json& from) {
@@ -56,6 +61,9 @@ void IntervalWindow::restore_state(const nlohmann::json& from) {
   // Checkpoints from before the balancing lab have no z-loss or drop sums.
   z_ = w.value("z_loss", 0.0);
   dropped_ = w.value("dropped", int64_t{0}), assigned_ = w.value("assigned", int64_t{0});
+  // ... nor router sums.
+  counts_.router = w.value("router", std::vector<RouterSums>{});
+  layer_z_ = w.value("layer_z", std::vector<double>{});
 }
 
 }  // namespace minimind

@@ -31,6 +31,7 @@ class IntervalWindow : public Observer {
   // drops (no capacity), and then the interval has no dropped fraction.
   int64_t dropped_ = 0, assigned_ = 0;
   ExpertCounts counts_;
+  std::vector<double> layer_z_;  // per layer, summed over the interval's steps
   Stopwatch clock_;
 };
 

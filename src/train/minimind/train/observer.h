@@ -45,7 +45,10 @@ struct StepInfo {
 // Every log.interval steps and at the last step: means over the interval's steps.
 struct IntervalInfo {
   TrainRecord record;
-  ExpertCounts counts;  // summed over the interval
+  ExpertCounts counts;          // summed over the interval (with the router sums)
+  std::vector<double> layer_z;  // per MoE layer: router z, mean over the interval's steps
+  // per MoE layer, at the interval's last step: the router gradient by source
+  std::vector<double> layer_grad_lm, layer_grad_balance;
 };
 
 // After each evaluation of the validation split.
@@ -72,7 +75,8 @@ struct TrainResult {
   std::vector<double> step_losses;  // loss (LM + aux) of each step run by this call
   double first_val_loss = 0, last_val_loss = 0;  // of this call's evaluations
   double seconds = 0;                            // wall time of this call's training loop
-  double comm_seconds = 0;  // in gradient/statistics all-reduces (several ranks)
+  double comm_seconds = 0;         // in gradient/statistics all-reduces (several ranks)
+  double router_grad_seconds = 0;  // measuring the router gradient by source (log steps)
 };
 
 class Observer {
@@ -83,6 +87,7 @@ class Observer {
   virtual void on_interval(const IntervalInfo&) {}
   virtual void on_eval(const EvalInfo&) {}
   virtual void on_collapse(const CollapseRecord&) {}
+  virtual void on_uninformative(const UninformativeRecord&) {}
   // After the ranks agreed whether to stop; `last`: the run ends after this step.
   virtual void on_step_end(const StepInfo&, bool /*last*/) {}
   virtual void on_checkpoint(const CheckpointInfo&) {}
@@ -102,6 +107,9 @@ class Observers : public Observer {
   void on_interval(const IntervalInfo& x) override { each(&Observer::on_interval, x); }
   void on_eval(const EvalInfo& x) override { each(&Observer::on_eval, x); }
   void on_collapse(const CollapseRecord& x) override { each(&Observer::on_collapse, x); }
+  void on_uninformative(const UninformativeRecord& x) override {
+    each(&Observer::on_uninformative, x);
+  }
   void on_step_end(const StepInfo& x, bool last) override {
     for (Observer* o : list_) o->on_step_end(x, last);
   }

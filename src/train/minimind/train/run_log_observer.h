@@ -17,6 +17,7 @@ class RunLogObserver : public Observer {
   void on_interval(const IntervalInfo& i) override { writer_.write(i.record); }
   void on_eval(const EvalInfo& e) override;
   void on_collapse(const CollapseRecord& c) override { writer_.write(c); }
+  void on_uninformative(const UninformativeRecord& u) override { writer_.write(u); }
 
  private:
   RunLogWriter writer_;

@@ -19,9 +19,13 @@ struct StepStats {
   std::vector<int64_t> layer_dropped;           // assignments dropped by capacity (real tokens)
   std::vector<double> layer_seq_max_vio;        // max over the step's rows of a row's MaxVio
   std::vector<std::vector<double>> layer_bias;  // the selection bias after this step
-  int64_t tokens = 0;                           // input tokens of all micro-batches
-  bool finite = true;                           // false: nothing was applied
-  double comm_seconds = 0;                      // in all-reduces (multi-process runs)
+  // Router gradient by source, per MoE layer with a learned router (only when asked):
+  // ||d LM / d W_gate|| and ||d (aux + z) / d W_gate|| of the step, before clipping.
+  std::vector<double> layer_grad_lm, layer_grad_balance;
+  double router_grad_seconds = 0;  // what measuring them cost
+  int64_t tokens = 0;              // input tokens of all micro-batches
+  bool finite = true;              // false: nothing was applied
+  double comm_seconds = 0;         // in all-reduces (multi-process runs)
 };
 
 }  // namespace minimind

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "minimind/train/optim.h"
+#include "minimind/util/stopwatch.h"
 
 namespace minimind {
 namespace {
@@ -46,11 +48,53 @@ std::vector<double> to_doubles(const torch::Tensor& t) {
   return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
 }
 
+// The router weights' gradient from the balancing losses alone, summed over the step's
+// micro-batches. Only the short path from the losses to the router weights is
+// differentiated (aux/z -> probs -> logits -> W_gate); the LM part is what the full
+// backward adds on top (split_router_grads).
+class RouterGradProbe {
+ public:
+  explicit RouterGradProbe(const MiniMindForCausalLM& model) : gates_(model->router_weights()) {}
+  // Before backward of this micro-batch; `balance` is its (aux + z) / A.
+  void add(const torch::Tensor& balance) {
+    if (gates_.empty() || !balance.requires_grad()) return;
+    const Stopwatch clock;
+    auto g = torch::autograd::grad({balance}, gates_, {}, /*retain_graph=*/true,
+                                   /*create_graph=*/false, /*allow_unused=*/true);
+    if (sums_.empty()) sums_.resize(gates_.size());
+    for (size_t l = 0; l < g.size(); ++l)
+      if (g[l].defined()) sums_[l] = sums_[l].defined() ? sums_[l] + g[l] : g[l];
+    seconds_ += clock.seconds();
+  }
+  // After the gradients are final (averaged over ranks): the norms per layer.
+  void split(StepStats& s, Distributed* dist) {
+    const Stopwatch clock;
+    for (size_t l = 0; l < gates_.size(); ++l) {
+      torch::Tensor total =
+          gates_[l].grad().defined() ? gates_[l].grad() : torch::zeros_like(gates_[l]);  // [E, H]
+      torch::Tensor balance =
+          l < sums_.size() && sums_[l].defined() ? sums_[l] : torch::zeros_like(total);
+      if (dist && dist->world_size() > 1) {  // the step's gradient is the mean over ranks
+        dist->all_reduce_sum(balance);
+        balance = balance / static_cast<double>(dist->world_size());
+      }
+      s.layer_grad_balance.push_back(balance.norm().item<double>());
+      s.layer_grad_lm.push_back((total - balance).norm().item<double>());
+    }
+    s.router_grad_seconds = seconds_ + clock.seconds();
+  }
+
+ private:
+  std::vector<torch::Tensor> gates_;  // [E, H] per MoE layer
+  std::vector<torch::Tensor> sums_;
+  double seconds_ = 0;
+};
+
 }  // namespace
 
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr, Distributed* dist) {
+                         double grad_clip, double lr, Distributed* dist, bool router_grads) {
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   StepStats s;
@@ -59,9 +103,12 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   StepRouting routing;
   if (dist && dist->world_size() > 1)
     routing.sum_over_ranks = [dist](torch::Tensor& t) { dist->all_reduce_sum(t); };
+  std::optional<RouterGradProbe> probe;
+  if (router_grads) probe.emplace(model);
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = next_batch();
     ForwardOutput out = model(batch.input_ids, batch.labels, nullptr, &routing);
+    if (probe) probe->add((out.aux_loss + out.z_loss) / A);
     ((out.loss + out.aux_loss + out.z_loss) / A).backward();
     s.lm_loss += out.loss.item<double>() / A;
     s.aux_loss += out.aux_loss.item<double>() / A;
@@ -78,6 +125,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
       s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
     s.counts.add(out.expert_counts);
+    s.counts.add_router(out.layer_router);
     s.tokens += batch.input_ids.numel();
   }
   std::vector<torch::Tensor> params;
@@ -90,6 +138,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     reduce_stats(s, *dist);
     s.comm_seconds = dist->comm_seconds() - before;
   }
+  if (probe) probe->split(s, dist);
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
   s.grad_norm = clip_gradients(params, grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);

@@ -22,8 +22,12 @@ namespace minimind {
 // the ranks (once per optimizer step, as DDP with no_sync does), losses and aux losses are
 // averaged and expert counts and tokens summed, so every rank returns the same StepStats
 // and takes the same step.
+// router_grads: also measure, per MoE layer with a learned router, the norms of the router
+// weight's gradient from the LM loss and from the balancing losses (aux + z) apart
+// (StepStats::layer_grad_lm / layer_grad_balance); the trainer asks at log steps only.
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr, Distributed* dist = nullptr);
+                         double grad_clip, double lr, Distributed* dist = nullptr,
+                         bool router_grads = false);
 
 }  // namespace minimind

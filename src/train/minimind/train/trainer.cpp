@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "minimind/train/analysis_writer.h"
 #include "minimind/train/checkpointer.h"
 #include "minimind/train/collapse_watcher.h"
 #include "minimind/train/console.h"
@@ -84,10 +85,17 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     bus.add(watcher.emplace(
         CollapseThresholds{cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
                            cfg.log.collapse_patience},
+        UninformativeThresholds{cfg.log.uninformative_mi, cfg.log.collapse_patience,
+                                tc.warmup_steps + cfg.log.interval},
         bus));
     bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus));
   }
   if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
+  // After the last checkpoint and evaluation, before the caller's observers (the report
+  // reads analysis.json).
+  std::optional<AnalysisWriter> analysis;
+  if (main_rank && s->val_tokens && cfg.model.use_moe)
+    bus.add(analysis.emplace(s->model, *s->val_tokens, cfg));
   for (Observer* o : options.observers) bus.add(*o);
 
   if (s->run.checkpoint && state.monitor.is_object()) {
@@ -111,10 +119,14 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   const Stopwatch loop;
   while (state.step < tc.max_steps) {
     const double lr = learning_rate_at(state.step, tc.max_steps, tc.learning_rate, tc.warmup_steps);
+    // The router gradient by source is measured at log steps only (it costs a little).
+    const int64_t next = state.step + 1;
+    const bool log_step = next % cfg.log.interval == 0 || next == tc.max_steps;
     const StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, tc.accumulation_steps,
-        tc.grad_clip, lr, &dist);
+        tc.grad_clip, lr, &dist, log_step && cfg.model.use_moe);
     result.comm_seconds += st.comm_seconds;
+    result.router_grad_seconds += st.router_grad_seconds;
     // A non-finite step changed no weight: stop with the last checkpoint intact.
     if (!st.finite) throw non_finite_error(st, state.step + 1, run_dir);
     ++state.step;
