@@ -58,9 +58,9 @@ constexpr double kStarvedGradientRatio = 1e-3;
 
 // "Balanced but uninformative": a layer whose routing information MI stays below `min_mi`
 // (the router's probabilities barely depend on the token), or whose router the LM loss
-// starves of gradient, for `patience` consecutive windows. Every router starts that way (random init gives near-uniform probabilities), so
-// windows up to step `start_after` (the warm-up and one log interval) do not count. Fires
-// once per episode, like CollapseDetector; min_mi 0 turns it off.
+// starves of gradient, for `patience` consecutive windows. Every router starts that way (random
+// init gives near-uniform probabilities), so windows up to step `start_after` (the warm-up and one
+// log interval) do not count. Fires once per episode, like CollapseDetector; min_mi 0 turns it off.
 struct UninformativeThresholds {
   double min_mi = 0.01;
   int64_t patience = 3;
