@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "command_line.h"
@@ -111,12 +112,15 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
   o.in_run = !m.run_dir.empty();
   if (o.in_run) o.checkpoints = list_checkpoints(m.run_dir);
   const bool tty = isatty(STDERR_FILENO);
-  o.progress = [tty](const std::string& line) {
+  // A line rewritten in place on a terminal; else a log line every 30 s.
+  auto last = std::make_shared<Stopwatch>();
+  o.progress = [tty, last](const std::string& line) {
     if (tty) {
       std::fprintf(stderr, "\r\033[K%s", line.c_str());
       std::fflush(stderr);
-    } else if (!line.empty()) {
+    } else if (!line.empty() && last->seconds() >= 30) {
       spdlog::info("{}", line);
+      last->restart();
     }
   };
   const Stopwatch clock;

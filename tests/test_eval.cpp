@@ -376,6 +376,12 @@ TEST_F(EvalTest, CompareWritesOnePageForSeveralRuns) {
     EXPECT_NE(html.find(row), std::string::npos) << row;
     EXPECT_NE(html.find(fmt::format("<td>{:.3f}</td>", s.max_vio_global.at(0))), std::string::npos);
   }
+  // The routing information of the last evaluation, per layer.
+  const RunSummary moe = summarize_run(read_run_logs(*dir_ + "/moe"));
+  ASSERT_EQ(moe.mi.size(), 2u);
+  ASSERT_TRUE(moe.mi[0] && moe.mi[1]);
+  EXPECT_NE(html.find(fmt::format("<td>{:.3f} / {:.3f}</td>", *moe.mi[0], *moe.mi[1])),
+            std::string::npos);
   EXPECT_EQ(summarize_run(read_run_logs(*dir_ + "/lab")).dropped.has_value(), true);
   EXPECT_FALSE(summarize_run(read_run_logs(*dir_ + "/moe")).dropped.has_value());
   for (const char* part : {"Validation loss", "MoE layer 1", "normalised routing entropy"})

@@ -143,6 +143,7 @@ TEST_P(Parity, MatchesReference) {
   } else {
     EXPECT_TRUE(out.expert_counts.empty());
   }
+  std::string router_report;
   // Is the router learning? H̄, H_m, MI and confidence from the C++ sums against the
   // reference's formulas on its own probabilities (real tokens).
   if (fx.contains("router_metrics")) {
@@ -150,6 +151,7 @@ TEST_P(Parity, MatchesReference) {
     ASSERT_EQ(out.layer_router.size(), static_cast<size_t>(ref.size(0)));
     ExpertCounts sums;
     sums.add_router(out.layer_router);
+    double d_router = 0;
     for (int64_t l = 0; l < ref.size(0); ++l) {
       const RouterInfo r = sums.router_info(static_cast<size_t>(l));
       const double want[4] = {ref[l][0].item<double>(), ref[l][1].item<double>(),
@@ -158,12 +160,16 @@ TEST_P(Parity, MatchesReference) {
       EXPECT_NEAR(r.marginal_entropy, want[1], 1e-6) << "layer " << l;
       EXPECT_NEAR(r.mi, want[2], 1e-6) << "layer " << l;
       EXPECT_NEAR(r.confidence, want[3], 1e-6) << "layer " << l;
+      for (const double d : {r.token_entropy - want[0], r.marginal_entropy - want[1],
+                             r.mi - want[2], r.confidence - want[3]})
+        d_router = std::max(d_router, std::abs(d));
     }
+    router_report = ", router metrics " + c10::str(d_router);
   } else {
     EXPECT_TRUE(out.layer_router.empty());
   }
   std::string report = "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) + ", aux " +
-                       c10::str(d_aux) + ", z " + c10::str(d_z);
+                       c10::str(d_aux) + ", z " + c10::str(d_z) + router_report;
 
   if (train) {
     (out.loss + out.aux_loss + out.z_loss).backward();

@@ -39,7 +39,9 @@ std::string table(const std::vector<RunSummary>& runs, size_t layers) {
   std::string html = "<table><tr><th>run</th><th>steps</th><th>val loss</th><th>ppl</th>";
   for (size_t l = 0; l < layers; ++l)
     html += fmt::format("<th>MaxVio<sub>global</sub> L{}</th>", l);
-  html += "<th>dead experts (per layer)</th><th>dropped</th><th>tokens/s</th></tr>";
+  html +=
+      "<th>dead experts (per layer)</th><th>MI (per layer)</th><th>dropped</th>"
+      "<th>tokens/s</th></tr>";
   for (const RunSummary& r : runs) {
     html += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", esc(r.name), r.steps,
                         fixed(r.val_loss, "{:.4f}"), fixed(r.val_ppl, "{:.1f}"));
@@ -50,7 +52,11 @@ std::string table(const std::vector<RunSummary>& runs, size_t layers) {
               "</td>";
     std::string dead;
     for (int64_t d : r.dead) dead += (dead.empty() ? "" : " / ") + std::to_string(d);
-    html += fmt::format("<td>{}</td><td>{}</td><td>{:.0f}</td></tr>", dead.empty() ? "—" : dead,
+    // Routing information: "—" for routers without probabilities and runs logged before it.
+    std::string mi;
+    for (const auto& v : r.mi) mi += (mi.empty() ? "" : " / ") + fixed(v, "{:.3f}");
+    html += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{:.0f}</td></tr>",
+                        dead.empty() ? "—" : dead, mi.empty() ? "—" : mi,
                         r.dropped ? fmt::format("{:.1f} %", 100 * *r.dropped) : "—", r.tok_per_s);
   }
   return html + "</table>\n";
@@ -68,6 +74,7 @@ RunSummary summarize_run(const RunLogs& logs) {
     if (records.empty()) continue;
     s.max_vio_global.push_back(records.back().max_vio);
     s.dead.push_back(records.back().dead);
+    s.mi.push_back(records.back().mi);
   }
   if (!logs.train.empty()) {
     const TrainRecord& last = logs.train.back();

@@ -17,6 +17,7 @@ struct RunSummary {
   std::optional<double> val_loss, val_ppl;  // the last evaluation
   std::vector<double> max_vio_global;       // per layer: MaxVio of the last evaluation's counts
   std::vector<int64_t> dead;                // per layer: experts the last evaluation never chose
+  std::vector<std::optional<double>> mi;    // per layer: the last evaluation's routing information
   std::optional<double> dropped;            // capacity: fraction dropped in the last interval
   double tok_per_s = 0;                     // training tokens per second over the run
 };

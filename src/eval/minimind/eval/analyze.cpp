@@ -56,7 +56,7 @@ torch::Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows) {
 std::vector<std::vector<int64_t>> choices_of(MiniMindForCausalLM& model,
                                              const std::vector<std::vector<int64_t>>& rows) {
   const torch::Tensor ids = pad_rows(rows);  // [B, T]
-  const ForwardOutput out = model(ids);
+  const ForwardOutput out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
   const int64_t T = ids.size(1);
   std::vector<std::vector<int64_t>> per_layer(out.layer_index.size());
   for (size_t l = 0; l < out.layer_index.size(); ++l) {
@@ -121,7 +121,7 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
   auto run_batch = [&](const std::vector<std::vector<int64_t>>& rows,
                        const std::vector<size_t>& domains) {
     const torch::Tensor ids = pad_rows(rows);  // [B, T]
-    const ForwardOutput out = model(ids);
+    const ForwardOutput out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
     counts.counts.add_router(out.layer_router);
     const int64_t T = ids.size(1), k = mc.num_experts_per_tok;
     std::vector<torch::Tensor> idx;
@@ -193,7 +193,7 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
 
   // The token view: per passage, per layer, each token's top-1 expert and probabilities.
   for (const auto& row : passages) {
-    const ForwardOutput out = model(pad_rows({row}));
+    const ForwardOutput out = model->forward(pad_rows({row}), {}, nullptr, nullptr, /*head=*/false);
     TokenView v;
     for (int64_t id : row) v.pieces.push_back(readable_piece(tok, id));
     for (size_t l = 0; l < out.layer_index.size(); ++l) {

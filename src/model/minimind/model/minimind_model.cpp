@@ -72,7 +72,7 @@ double sequence_max_vio(const torch::Tensor& index, const torch::Tensor& real, i
 
 ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
                                                const torch::Tensor& labels, KVCache* cache,
-                                               StepRouting* step) {
+                                               StepRouting* step, bool head) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t past = cache && !cache->empty() ? (*cache)[0].length() : 0;
   TORCH_CHECK(past + input_ids.size(1) <= model->rope.cos.size(0), "sequence of ",
@@ -138,6 +138,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
       out.layer_aux[static_cast<size_t>(l)] = aux.detach();
     }
   }
+  if (!head) return out;
   h = model->norm(h);
   out.logits = torch::linear(h, lm_head_weight());  // [B, T, V]
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, out.logits.options());

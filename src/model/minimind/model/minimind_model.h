@@ -89,8 +89,10 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional).
   // cache: per-layer KV cache for generation (positions continue after its length).
   // step: the optimizer step this forward belongs to (global aux scope; see StepRouting).
+  // head false: stop after the blocks (no logits or loss; the routing analysis only reads
+  // the routers, and the LM head is about half of a tiny model's work).
   ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
-                        KVCache* cache = nullptr, StepRouting* step = nullptr);
+                        KVCache* cache = nullptr, StepRouting* step = nullptr, bool head = true);
 
   // Aux-loss-free balancing after an optimizer step: each MoE layer's bias moves by its
   // counts of the whole step (per layer [E], all micro-batches and ranks).
