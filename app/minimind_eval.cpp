@@ -96,6 +96,9 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
     const std::string name = named ? d.substr(0, eq) : std::filesystem::path(d).stem().string();
     if (!std::filesystem::exists(file))
       throw DataError("probe corpus '" + file + "' does not exist (--data " + d + ")");
+    if (std::filesystem::is_directory(file))
+      throw DataError("probe corpus '" + file + "' is a directory, not a JSONL file (--data " + d +
+                      ")");
     o.sources.push_back({name, file, nullptr});
   }
   if (o.sources.empty()) {
@@ -104,7 +107,14 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
       throw DataError("the run has no validation split; pass --data FILE.jsonl to analyse");
     val = TokenFile::open(d.val_path);
     o.sources.push_back({"validation", "", &*val});
+    // A bare .pth without --tokenizer: the tokenizer its data preparation used.
+    if (!m.tokenizer && !d.tokenizer_path.empty()) {
+      m.tokenizer = Tokenizer::from_file(d.tokenizer_path);
+      m.tokenizer->check_vocab_size(m.config.model.vocab_size);
+    }
   }
+  if (!m.tokenizer)
+    spdlog::warn("no tokenizer: tokens are shown as #id (pass --tokenizer FILE.model)");
   o.batch_size = a.batch_size > 0 ? a.batch_size : m.config.train.batch_size;
   o.max_docs = a.max_docs;
   o.keep_checkpoints = m.config.train.keep_checkpoints;

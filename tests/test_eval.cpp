@@ -352,6 +352,9 @@ TEST_F(EvalTest, AnalyzeErrorsNameWhatIsWrong) {
   c = run("--analyze " + *dir_ + "/moe --data web=" + *dir_ + "/missing.jsonl");
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find("missing.jsonl"), std::string::npos) << c.err;
+  c = run("--analyze " + *dir_ + "/moe --data " + *dir_);
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.err.find("is a directory"), std::string::npos) << c.err;
   c = run("--checkpoint " + *dir_ + "/moe --data " + bad + " --data " + bad);
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find("only with --analyze"), std::string::npos) << c.err;
