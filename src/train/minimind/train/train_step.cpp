@@ -49,9 +49,9 @@ std::vector<double> to_doubles(const torch::Tensor& t) {
 }
 
 // The router weights' gradient from the balancing losses alone, summed over the step's
-// micro-batches. Only the short path from the losses to the router weights is
-// differentiated (aux/z -> probs -> logits -> W_gate); the LM part is what the full
-// backward adds on top (split_router_grads).
+// micro-batches: the total derivative, which also runs through the residual stream (a
+// deeper layer's aux loss depends on an earlier router), hence a sixth of a step at log
+// steps. The LM part is what the full backward adds on top (split).
 class RouterGradProbe {
  public:
   explicit RouterGradProbe(const MiniMindForCausalLM& model) : gates_(model->router_weights()) {}
