@@ -43,6 +43,17 @@ struct Args {
   minimind::GenerateOptions gen;
 };
 
+// The run's data, prepared (cached), when it has a validation split; `purpose` ends the
+// error's hint.
+minimind::PreparedData validation_split(const minimind::Config& cfg, int threads,
+                                        const std::string& purpose) {
+  using namespace minimind;
+  PreparedData d = prepare_data(cfg.data, cfg.model.vocab_size, threads);
+  if (d.val_path.empty() || d.val_docs == 0)
+    throw DataError("the run has no validation split; pass --data FILE.jsonl" + purpose);
+  return d;
+}
+
 int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   using namespace minimind;
   const Config& cfg = m.config;
@@ -54,10 +65,7 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
     if (!m.tokenizer) throw TokenizerError("--data needs a tokenizer: pass --tokenizer FILE.model");
     docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
   } else {
-    PreparedData d = prepare_data(cfg.data, cfg.model.vocab_size, threads);
-    if (d.val_path.empty() || d.val_docs == 0)
-      throw DataError("the run has no validation split; pass --data FILE.jsonl");
-    docs = TokenFile::open(d.val_path);
+    docs = TokenFile::open(validation_split(cfg, threads, "").val_path);
   }
   const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
   const Stopwatch clock;
@@ -102,9 +110,7 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
     o.sources.push_back({name, file, nullptr});
   }
   if (o.sources.empty()) {
-    PreparedData d = prepare_data(m.config.data, m.config.model.vocab_size, threads);
-    if (d.val_path.empty() || d.val_docs == 0)
-      throw DataError("the run has no validation split; pass --data FILE.jsonl to analyse");
+    const PreparedData d = validation_split(m.config, threads, " to analyse");
     val = TokenFile::open(d.val_path);
     o.sources.push_back({"validation", "", &*val});
     // A bare .pth without --tokenizer: the tokenizer its data preparation used.
