@@ -52,20 +52,40 @@ torch::Tensor pad_rows(const std::vector<std::vector<int64_t>>& rows) {
   return ids;
 }
 
+// One routing-only forward over padded rows: the output, and per MoE layer a pointer to
+// each row's choices (its real tokens' [T_b * k] are the first of them).
+struct RoutedRows {
+  ForwardOutput out;
+  std::vector<torch::Tensor> index;  // per MoE layer [B * T, k], contiguous
+  int64_t stride = 0;                // T * k: from one row's choices to the next
+  // row_choices(b)[l]: row b's choices in layer l
+  std::vector<const int64_t*> row_choices(size_t b) const {
+    std::vector<const int64_t*> p;
+    for (const auto& t : index)
+      p.push_back(t.data_ptr<int64_t>() + static_cast<int64_t>(b) * stride);
+    return p;
+  }
+};
+
+RoutedRows route_rows(MiniMindForCausalLM& model, const std::vector<std::vector<int64_t>>& rows) {
+  const torch::Tensor ids = pad_rows(rows);  // [B, T]
+  RoutedRows r;
+  r.out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
+  for (const auto& t : r.out.layer_index) r.index.push_back(t.contiguous());
+  r.stride = r.index.empty() ? 0 : ids.size(1) * r.index[0].size(1);
+  return r;
+}
+
 // Per MoE layer, the choices [T * k] of each row's real tokens, concatenated over rows.
 std::vector<std::vector<int64_t>> choices_of(MiniMindForCausalLM& model,
                                              const std::vector<std::vector<int64_t>>& rows) {
-  const torch::Tensor ids = pad_rows(rows);  // [B, T]
-  const ForwardOutput out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
-  const int64_t T = ids.size(1);
-  std::vector<std::vector<int64_t>> per_layer(out.layer_index.size());
-  for (size_t l = 0; l < out.layer_index.size(); ++l) {
-    const torch::Tensor idx = out.layer_index[l].contiguous();  // [B * T, k]
-    const int64_t k = idx.size(1);
-    const int64_t* p = idx.data_ptr<int64_t>();
-    for (size_t b = 0; b < rows.size(); ++b) {
-      const int64_t* row = p + static_cast<int64_t>(b) * T * k;
-      per_layer[l].insert(per_layer[l].end(), row, row + static_cast<int64_t>(rows[b].size()) * k);
+  const RoutedRows r = route_rows(model, rows);
+  std::vector<std::vector<int64_t>> per_layer(r.index.size());
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const std::vector<const int64_t*> row = r.row_choices(b);
+    for (size_t l = 0; l < row.size(); ++l) {
+      const int64_t n = static_cast<int64_t>(rows[b].size()) * r.index[l].size(1);
+      per_layer[l].insert(per_layer[l].end(), row[l], row[l] + n);
     }
   }
   return per_layer;
@@ -120,16 +140,10 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
   double last_report = 0;
   auto run_batch = [&](const std::vector<std::vector<int64_t>>& rows,
                        const std::vector<size_t>& domains) {
-    const torch::Tensor ids = pad_rows(rows);  // [B, T]
-    const ForwardOutput out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
-    counts.counts.add_router(out.layer_router);
-    const int64_t T = ids.size(1), k = mc.num_experts_per_tok;
-    std::vector<torch::Tensor> idx;
-    for (const auto& t : out.layer_index) idx.push_back(t.contiguous());  // [B * T, k]
+    const RoutedRows routed = route_rows(model, rows);
+    counts.counts.add_router(routed.out.layer_router);
     for (size_t b = 0; b < rows.size(); ++b) {
-      std::vector<const int64_t*> choices;
-      for (const auto& t : idx)
-        choices.push_back(t.data_ptr<int64_t>() + static_cast<int64_t>(b) * T * k);
+      const std::vector<const int64_t*> choices = routed.row_choices(b);
       counts.add_sequence(domains[b], rows[b].data(), static_cast<int64_t>(rows[b].size()),
                           choices);
       if (kept_tokens < o.saturation_tokens) {
