@@ -236,6 +236,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.gen.seed, "sampling seed (default 42)")
       ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
+  bool ignore_eos = false;
+  app.add_flag("--ignore-eos", ignore_eos,
+               "keep generating past the end-of-text token (for timing a fixed length)");
   app.add_flag("--no-cache", no_cache,
                "recompute the whole sequence for every token (slow; for checks)");
   app.add_option("--inspect", a.inspect,
@@ -261,6 +264,7 @@ int main(int argc, char** argv) {
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
   a.gen.use_cache = !no_cache;
+  if (ignore_eos) a.gen.eos_id = -1;
   if (a.analyze.empty() && a.data_list.size() > 1) {
     std::cerr << "--data: give one corpus to evaluate (several, NAME=FILE, only with --analyze)\n";
     return 1;

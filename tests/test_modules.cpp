@@ -183,3 +183,25 @@ TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
   const torch::Tensor real = torch::tensor({true, true, true, false});  // token 3 is padding
   EXPECT_TRUE(torch::equal(moe(x, real).counts, torch::tensor({2, 2, 1, 1}, torch::kLong)));
 }
+
+// A generated token (one row, eval) takes the direct path: its k experts in ascending order,
+// no sort or scatter. It must give what the batched dispatch gives that token inside a batch.
+TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
+  torch::manual_seed(11);
+  ModelConfig cfg;
+  cfg.hidden_size = 16, cfg.use_moe = true, cfg.num_experts = 8, cfg.num_experts_per_tok = 3;
+  cfg.moe_intermediate_size = 12;
+  MOEFeedForward moe(cfg);
+  for (auto& p : moe->parameters()) p.data().normal_(0.0, 0.5);
+  moe->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::randn({1, 6, 16});  // [B, T, H]
+  const MoEOutput batched = moe(x);
+  for (int64_t t = 0; t < 6; ++t) {
+    const MoEOutput one = moe->forward(x.narrow(1, t, 1), {}, {}, /*stats=*/false);
+    EXPECT_TRUE(torch::allclose(one.y[0][0], batched.y[0][t], 1e-6, 1e-6)) << "token " << t;
+    EXPECT_TRUE(torch::equal(one.index, batched.index.narrow(0, t, 1)));
+    EXPECT_TRUE(torch::equal(one.counts, torch::bincount(one.index.reshape({-1}), {}, 8)));
+    EXPECT_FALSE(one.router_sums.defined());  // stats off: nothing computed for the logs
+  }
+}

@@ -37,7 +37,8 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
                               const std::function<void(int64_t)>& on_token) {
   const bool was_training = model->is_training();
   model->eval();
-  torch::NoGradGuard no_grad;
+  // Inference mode: no autograd bookkeeping (version counters, views) on any tensor.
+  c10::InferenceMode inference;
   torch::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t max_positions = model->model->rope.cos.size(0);
   if (static_cast<int64_t>(prompt_ids.size()) >= max_positions)

@@ -1,11 +1,35 @@
 #include "minimind/model/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "minimind/model/linear.h"
 
 namespace minimind {
+
+std::pair<torch::Tensor, torch::Tensor> LayerKVCache::append(const torch::Tensor& k,
+                                                             const torch::Tensor& v) {
+  const int64_t T = k.size(1), needed = length_ + T;
+  if (!k_.defined() || needed > k_.size(1)) {
+    const int64_t capacity = std::max<int64_t>(needed, k_.defined() ? 2 * k_.size(1) : 64);
+    std::vector<int64_t> shape = k.sizes().vec();
+    shape[1] = capacity;
+    torch::Tensor nk = torch::empty(shape, k.options()), nv = torch::empty(shape, v.options());
+    if (length_ > 0) {
+      nk.narrow(1, 0, length_).copy_(k_.narrow(1, 0, length_));
+      nv.narrow(1, 0, length_).copy_(v_.narrow(1, 0, length_));
+    }
+    k_ = nk, v_ = nv;
+  }
+  k_.narrow(1, length_, T).copy_(k);
+  v_.narrow(1, length_, T).copy_(v);
+  length_ = needed;
+  return {k_.narrow(1, 0, length_), v_.narrow(1, 0, length_)};
+}
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg)
     : heads_(cfg.num_attention_heads),
@@ -27,21 +51,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   const int64_t past = cache ? cache->length() : 0;
   const int64_t rep = heads_ / kv_heads_;  // query heads per kv head
 
-  torch::Tensor q = q_norm(q_proj(x).view({B, T, heads_, head_dim_}));     // [B, T, h, d]
-  torch::Tensor k = k_norm(k_proj(x).view({B, T, kv_heads_, head_dim_}));  // [B, T, kv, d]
-  torch::Tensor v = v_proj(x).view({B, T, kv_heads_, head_dim_});          // [B, T, kv, d]
+  torch::Tensor q =
+      q_norm(project(x, q_proj->weight).view({B, T, heads_, head_dim_}));  // [B, T, h, d]
+  torch::Tensor k =
+      k_norm(project(x, k_proj->weight).view({B, T, kv_heads_, head_dim_}));        // [B, T, kv, d]
+  torch::Tensor v = project(x, v_proj->weight).view({B, T, kv_heads_, head_dim_});  // [B, T, kv, d]
 
   torch::Tensor cos = rope.cos.narrow(0, past, T), sin = rope.sin.narrow(0, past, T);
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
-  if (cache) {
-    if (past > 0) {
-      k = torch::cat({cache->k, k}, 1);
-      v = torch::cat({cache->v, v}, 1);
-    }
-    cache->k = k;
-    cache->v = v;
-  }
+  if (cache) std::tie(k, v) = cache->append(k, v);
   const int64_t S = k.size(1);  // keys visible: past + T
 
   // GQA without materialising repeated k/v: query head j uses kv head j / rep, so the
@@ -51,10 +70,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   torch::Tensor scores = torch::matmul(qg, kt) / std::sqrt(static_cast<double>(head_dim_));
   scores = scores.view({B, kv_heads_, rep, T, S});  // [B, kv, rep, T, S]
 
-  // Causal mask: query i (absolute position past + i) sees keys 0..past + i.
-  torch::Tensor mask =
-      torch::full({T, S}, -std::numeric_limits<float>::infinity(), scores.options()).triu(past + 1);
-  scores = scores + mask;
+  // Causal mask: query i (absolute position past + i) sees keys 0..past + i; a single
+  // query (a generated token) sees every key, so it needs none.
+  if (T > 1) {
+    torch::Tensor mask =
+        torch::full({T, S}, -std::numeric_limits<float>::infinity(), scores.options())
+            .triu(past + 1);
+    scores = scores + mask;
+  }
   // Softmax in float32 as MiniMind (float64 models stay in float64).
   const auto softmax_type = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
   torch::Tensor probs = torch::softmax(scores.to(softmax_type), -1).to(q.scalar_type());
@@ -63,7 +86,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   torch::Tensor out = torch::matmul(probs.view({B, kv_heads_, rep * T, S}),
                                     v.transpose(1, 2));  // [B, kv, rep*T, d]
   out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
-  return torch::dropout(o_proj(out), dropout_, is_training());  // [B, T, H]
+  return torch::dropout(project(out, o_proj->weight), dropout_, is_training());  // [B, T, H]
 }
 
 }  // namespace minimind

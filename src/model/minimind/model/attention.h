@@ -4,17 +4,27 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "minimind/config.h"
 #include "minimind/model/rms_norm.h"
 #include "minimind/model/rope.h"
 
 namespace minimind {
 
-// Keys and values of one layer for the positions seen so far (generation).
-struct LayerKVCache {
-  torch::Tensor k;  // [B, S, kv_heads, head_dim], undefined while empty
-  torch::Tensor v;  // [B, S, kv_heads, head_dim]
-  int64_t length() const { return k.defined() ? k.size(1) : 0; }
+// Keys and values of one layer for the positions seen so far (generation). The buffers
+// grow by doubling, so a token's keys are copied in place instead of `cat`-ing the
+// whole history every step.
+class LayerKVCache {
+ public:
+  int64_t length() const { return length_; }
+  // Appends k, v [B, T, kv_heads, head_dim]; returns the keys and values of every position
+  // so far, views [B, length, kv_heads, head_dim] into the buffers.
+  std::pair<torch::Tensor, torch::Tensor> append(const torch::Tensor& k, const torch::Tensor& v);
+
+ private:
+  torch::Tensor k_, v_;  // [B, capacity, kv_heads, head_dim], undefined while empty
+  int64_t length_ = 0;
 };
 
 class AttentionImpl : public torch::nn::Module {

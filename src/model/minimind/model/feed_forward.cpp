@@ -12,7 +12,8 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t intermediate_size)
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return project(torch::silu(project(x, gate_proj->weight)) * project(x, up_proj->weight),
+                 down_proj->weight);
 }
 
 }  // namespace minimind

@@ -22,7 +22,8 @@ BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTable
   torch::Tensor h = x + self_attn(input_layernorm(x), rope, cache);  // [B, T, H]
   torch::Tensor normed = post_attention_layernorm(h);
   if (moe_mlp) {
-    MoEOutput moe = moe_mlp(normed, real, token_ids);
+    // Generation (a KV cache) reads only the logits: no router statistics.
+    MoEOutput moe = moe_mlp(normed, real, token_ids, /*stats=*/cache == nullptr);
     torch::Tensor out = h + moe.y;
     return {out, std::move(moe)};
   }
@@ -140,7 +141,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   }
   if (!head) return out;
   h = model->norm(h);
-  out.logits = torch::linear(h, lm_head_weight());  // [B, T, V]
+  out.logits = project(h, lm_head_weight());  // [B, T, V]
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, out.logits.options());
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, out.logits.options());
 

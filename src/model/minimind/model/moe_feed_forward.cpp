@@ -1,6 +1,9 @@
 #include "minimind/model/moe_feed_forward.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "minimind/model/linear.h"
 
@@ -42,7 +45,7 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
     r.weight = torch::ones({N, 1}, x_flat.options());
     return r;
   }
-  r.logits = gate(x_flat);  // [N, E]
+  r.logits = project(x_flat, gate->weight);  // [N, E]
   torch::Tensor scores;
   if (cfg_.scoring_func == "sigmoid") {
     scores = torch::sigmoid(r.logits);                    // [N, E] independent affinities
@@ -106,14 +109,23 @@ torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch) cons
   return (load * r.probs.mean(0)).sum() * E * cfg_.router_aux_loss_coef;
 }
 
-MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real,
-                                      const torch::Tensor& token_ids) {
-  const int64_t H = x.size(-1);
-  torch::Tensor x_flat = x.reshape({-1, H});  // [N, H]
-  const Routing r = route(x_flat, token_ids);
-  torch::Tensor weight = r.weight, index = r.index;  // [N, k]
-  MoEOutput out;
-  out.index = index;
+torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Routing& r,
+                                           MoEOutput& out, torch::Tensor& chosen_counts) {
+  const int64_t N = x_flat.size(0);
+  const torch::Tensor& weight = r.weight;  // [N, k]
+  const torch::Tensor& index = r.index;    // [N, k]
+  // One token outside training (a generated token): its k experts run directly, without
+  // the sort and scatter below; added in ascending expert order as index_add does.
+  if (N == 1 && !is_training() && cfg_.capacity_factor <= 0) {
+    const torch::Tensor flat = index.reshape({-1});
+    chosen_counts = torch::bincount(flat, {}, num_experts_);  // [E]
+    std::vector<std::pair<int64_t, int64_t>> slots;           // (expert, slot)
+    for (int64_t j = 0; j < top_k_; ++j) slots.emplace_back(flat[j].item<int64_t>(), j);
+    std::sort(slots.begin(), slots.end());
+    torch::Tensor y = torch::zeros_like(x_flat);  // [1, H]
+    for (const auto& [e, j] : slots) y = y + expert_list_[e](x_flat) * weight.select(1, j);
+    return y;
+  }
 
   // Sorted dispatch: order the N*k (token, slot) assignments by expert so each expert
   // runs once on one contiguous slice; a stable sort keeps tokens ascending inside a
@@ -126,11 +138,9 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   }
   const int64_t bins = num_experts_ + (out.keep.defined() ? 1 : 0);
   torch::Tensor counts = torch::bincount(flat_index, {}, bins);  // [E] (+1: dropped)
-  // The router's choices per expert over all N tokens, before dropping: the dispatch counts
-  // when nothing is dropped.
-  const torch::Tensor chosen = index.reshape({-1});  // [N*k]
-  const torch::Tensor chosen_counts =
-      out.keep.defined() ? torch::bincount(chosen, {}, num_experts_) : counts;  // [E]
+  // The dispatch counts are the router's choices when nothing is dropped.
+  chosen_counts =
+      out.keep.defined() ? torch::bincount(index.reshape({-1}), {}, num_experts_) : counts;  // [E]
   torch::Tensor order = std::get<1>(torch::sort(flat_index, /*stable=*/true, 0, false));
   const int64_t kept =
       flat_index.size(0) - (out.keep.defined() ? counts[num_experts_].item<int64_t>() : 0);
@@ -162,7 +172,23 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
   // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
   if (unused_params.defined()) y = y + 0 * unused_params;
-  for (auto& shared : shared_list_) y = y + shared(x_flat);  // always on, no gate
+  return y;
+}
+
+MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real,
+                                      const torch::Tensor& token_ids, bool stats) {
+  const int64_t H = x.size(-1);
+  torch::Tensor x_flat = x.reshape({-1, H});  // [N, H]
+  const Routing r = route(x_flat, token_ids);
+  torch::Tensor weight = r.weight, index = r.index;  // [N, k]
+  MoEOutput out;
+  out.index = index;
+
+  // The router's choices per expert over all N tokens, before any dropping.
+  torch::Tensor chosen_counts;                                // [E]
+  torch::Tensor y = dispatch(x_flat, r, out, chosen_counts);  // [N, H]
+  const torch::Tensor chosen = index.reshape({-1});           // [N*k]
+  for (auto& shared : shared_list_) y = y + shared(x_flat);   // always on, no gate
 
   // Losses: only in training, only the learned router has scores.
   const bool train_router = is_training() && cfg_.learned_router();
@@ -176,7 +202,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
       out.aux_loss = aux_loss(r, x.size(0));
     }
   }
-  if (r.logits.defined()) {
+  if (r.logits.defined() && (stats || train_router)) {
     const bool z_trains = train_router && cfg_.router_z_loss_coef > 0;
     c10::optional<torch::NoGradGuard> no_grad;  // logged only: keep it out of the graph
     if (!z_trains) no_grad.emplace();
@@ -191,7 +217,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   out.counts = real_slots.defined()
                    ? torch::bincount(chosen.masked_select(real_slots), {}, num_experts_)
                    : chosen_counts;
-  if (r.probs.defined()) {
+  if (r.probs.defined() && stats) {
     torch::NoGradGuard no_grad;
     out.probs = r.probs.detach();
     torch::Tensor p = out.probs.to(torch::kFloat64);             // [N, E]

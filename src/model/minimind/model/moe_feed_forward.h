@@ -44,9 +44,10 @@ class MOEFeedForwardImpl : public torch::nn::Module {
 
   // x: [B, T, H]. real: [B*T] bool, false at padding positions, which are routed and
   // computed like any token (as MiniMind does) but left out of `counts`; undefined = all
-  // real. token_ids: [B*T] int64, read by the hash router only.
+  // real. token_ids: [B*T] int64, read by the hash router only. stats = false (generation
+  // with the KV cache, where nobody reads them) skips z, probs and router_sums.
   MoEOutput forward(const torch::Tensor& x, const torch::Tensor& real = {},
-                    const torch::Tensor& token_ids = {});
+                    const torch::Tensor& token_ids = {}, bool stats = true);
 
   // Aux-loss-free balancing: b_e += u * sign(mean(c) - c_e) from one optimizer step's
   // counts (all micro-batches and ranks). No-op unless router_bias_update_rate > 0.
@@ -67,6 +68,10 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // [N, k] bool: the assignments within each expert's capacity.
   torch::Tensor capacity_keep(const torch::Tensor& index, const torch::Tensor& weight) const;
   torch::Tensor aux_loss(const Routing& r, int64_t batch) const;
+  // The routed experts' weighted sum [N, H] for x_flat [N, H]; sets out.keep (capacity)
+  // and chosen_counts [E], the router's choices per expert before dropping.
+  torch::Tensor dispatch(const torch::Tensor& x_flat, const Routing& r, MoEOutput& out,
+                         torch::Tensor& chosen_counts);
 
   std::vector<FeedForward> expert_list_;  // typed views of `experts` and `shared_experts`
   std::vector<FeedForward> shared_list_;
