@@ -139,8 +139,10 @@ int main(int argc, char** argv) {
   bool json = false, default_malloc = false;
   std::string profile;
   std::vector<std::string> sets;
-  app.add_option("--preset", preset, "dense | moe-top1 | moe-top2")
-      ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2"}));
+  app.add_option("--preset", preset,
+                 "dense | moe-top1 | moe-top2 | moe-e16k4 | moe-e64k16 (fine-grained: E experts, "
+                 "top-k, each 4/E as wide as moe-top1's, so the same active and total weights)")
+      ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2", "moe-e16k4", "moe-e64k16"}));
   app.add_option("--steps", steps, "measured steps (median over them)")
       ->check(minimind_app::integer_in(1, 100000));
   app.add_option("--warmup", warmup, "steps before measuring")
@@ -187,6 +189,12 @@ int main(int argc, char** argv) {
         "bench");
     cfg.model.use_moe = preset != "dense";
     cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
+    if (preset == "moe-e16k4" || preset == "moe-e64k16") {  // DeepSeekMoE-style fine grain
+      const int64_t E = preset == "moe-e16k4" ? 16 : 64;
+      cfg.model.num_experts = E;
+      cfg.model.num_experts_per_tok = E / 4;
+      cfg.model.moe_intermediate_size = cfg.model.ffn_size() * 4 / E;  // 832 -> 208, 52
+    }
     for (const auto& assignment : sets) apply_override(cfg, assignment);
     for (const auto& w : validate_and_resolve(cfg)) spdlog::warn("{}", w);
     // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the

@@ -59,10 +59,15 @@ namespace {
 // real-token assignments; rows without a real token are left out (0 if none is left).
 double sequence_max_vio(const torch::Tensor& index, const torch::Tensor& real, int64_t rows,
                         int64_t num_experts) {
-  torch::Tensor per_token = torch::one_hot(index, num_experts).sum(1);  // [N, E]
-  if (real.defined()) per_token = per_token * real.unsqueeze(1);
-  torch::Tensor c = per_token.view({rows, -1, num_experts}).sum(1).to(torch::kFloat64);  // [B, E]
-  torch::Tensor mean = c.mean(1);                                                        // [B]
+  // c[b][e]: assignments of row b's real tokens to e, a bincount over b*E + e.
+  const int64_t N = index.size(0), k = index.size(1);
+  torch::Tensor row = torch::arange(N, index.options()).div(N / rows, "floor");  // [N]
+  torch::Tensor bin = (index + (row * num_experts).unsqueeze(1)).reshape({-1});  // [N*k]
+  if (real.defined()) bin = bin.masked_select(real.unsqueeze(1).expand({N, k}).reshape({-1}));
+  torch::Tensor c = torch::bincount(bin, {}, rows * num_experts)
+                        .view({rows, num_experts})
+                        .to(torch::kFloat64);  // [B, E]
+  torch::Tensor mean = c.mean(1);              // [B]
   torch::Tensor used = mean > 0;
   if (!used.any().item<bool>()) return 0.0;
   torch::Tensor vio = (std::get<0>(c.max(1)) - mean) / mean;  // [B]

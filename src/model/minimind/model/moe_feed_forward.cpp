@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "minimind/model/grouped_experts.h"
 #include "minimind/model/linear.h"
 
 namespace minimind {
@@ -105,7 +106,14 @@ torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch) cons
     return (ce * p).sum(1).mean() * cfg_.router_aux_loss_coef;
   }
   // MiniMind's form keeps the top-k axis (load is [k, E]), so its floor is k * coef.
-  torch::Tensor load = torch::one_hot(r.index, num_experts_).to(torch::kFloat32).mean(0);
+  // load[j][e] = share of tokens whose slot j chose e: counted with bincount over j*E + e
+  // (the same integers and division as one_hot(...).mean(0), without the [N, k, E] tensor).
+  const int64_t N = r.index.size(0);
+  torch::Tensor slot_expert = r.index + torch::arange(top_k_, r.index.options()) * num_experts_;
+  torch::Tensor load = torch::bincount(slot_expert.reshape({-1}), {}, top_k_ * num_experts_)
+                           .view({top_k_, num_experts_})
+                           .to(torch::kFloat32) /
+                       static_cast<double>(N);  // [k, E]
   return (load * r.probs.mean(0)).sum() * E * cfg_.router_aux_loss_coef;
 }
 
@@ -148,30 +156,20 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
   torch::Tensor token = torch::div(order, top_k_, "floor");  // [kept]
   torch::Tensor xs = x_flat.index_select(0, token);          // [kept, H]
 
-  std::vector<torch::Tensor> outs;
-  torch::Tensor unused_params;  // sum of the parameters of experts no token reached
-  const int64_t* count = counts.data_ptr<int64_t>();
-  for (int64_t e = 0, offset = 0; e < num_experts_; ++e) {
-    if (count[e] > 0) {
-      outs.push_back(expert_list_[e](xs.narrow(0, offset, count[e])));
-      offset += count[e];
-    } else if (is_training()) {
-      for (const auto& p : expert_list_[e]->parameters()) {
-        unused_params = unused_params.defined() ? unused_params + p.sum() : p.sum();
-      }
-    }
+  if (kept == 0) {  // every assignment dropped
+    torch::Tensor y = torch::zeros_like(x_flat);
+    // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
+    // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
+    // (grouped_experts gives idle experts their zero gradients when some rows remain.)
+    if (is_training())
+      for (const auto& p : experts->parameters()) y = y + 0 * p.sum();
+    return y;
   }
-  torch::Tensor y;
-  if (outs.empty()) {  // every assignment dropped
-    y = torch::zeros_like(x_flat);
-  } else {
-    torch::Tensor ys = torch::cat(outs, 0);  // [kept, H]
-    ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
-    y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
-  }
-  // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
-  // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
-  if (unused_params.defined()) y = y + 0 * unused_params;
+  const std::vector<int64_t> rows(counts.data_ptr<int64_t>(),
+                                  counts.data_ptr<int64_t>() + num_experts_);
+  torch::Tensor ys = grouped_experts(xs, rows, expert_list_);  // [kept, H]
+  ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
+  torch::Tensor y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
   return y;
 }
 

@@ -1,0 +1,100 @@
+#include "minimind/model/grouped_experts.h"
+
+namespace minimind {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// out = a @ b, written into out (a view into a buffer allocated once per call).
+void mm_into(torch::Tensor out, const torch::Tensor& a, const torch::Tensor& b) {
+  at::mm_out(out, a, b);
+}
+
+// Inputs: xs, then per expert gate_proj, up_proj, down_proj weights ([I, H], [I, H], [H, I]).
+struct GroupedSwiGLU : torch::autograd::Function<GroupedSwiGLU> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& xs,
+                               std::vector<int64_t> counts, at::TensorList weights) {
+    const int64_t M = xs.size(0), H = xs.size(1), I = weights[0].size(0);
+    // Gate and up projections of an expert in one GEMM of width 2I (small experts make
+    // narrow GEMMs, which OpenBLAS runs far below its peak): gu = [g | u].
+    torch::Tensor gu = torch::empty({M, 2 * I}, xs.options());  // [M, 2I]
+    for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e) {
+      if (counts[e] == 0) continue;
+      const torch::Tensor x = xs.narrow(0, off, counts[e]), rows = gu.narrow(0, off, counts[e]);
+      mm_into(rows.narrow(1, 0, I), x, weights[3 * e].t());
+      mm_into(rows.narrow(1, I, I), x, weights[3 * e + 1].t());
+    }
+    const torch::Tensor g = gu.narrow(1, 0, I), u = gu.narrow(1, I, I);  // [M, I] each
+    torch::Tensor a = torch::silu(g) * u;                                // [M, I]
+    torch::Tensor y = torch::empty({M, H}, xs.options());                // [M, H]
+    for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e)
+      if (counts[e] > 0)
+        mm_into(y.narrow(0, off, counts[e]), a.narrow(0, off, counts[e]), weights[3 * e + 2].t());
+    ctx->save_for_backward({xs, gu, a});
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["weights"] = weights.vec();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &xs = saved[0], &gu = saved[1], &a = saved[2];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const variable_list weights = ctx->saved_data["weights"].toTensorVector();
+    const torch::Tensor gy = grad_out[0].contiguous();  // [M, H]
+    const int64_t E = static_cast<int64_t>(counts.size()), I = a.size(1);
+    const torch::Tensor g = gu.narrow(1, 0, I), u = gu.narrow(1, I, I);
+    variable_list gw(3 * E);
+    // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's forms).
+    torch::Tensor ga = torch::empty_like(a);  // [M, I]
+    for (int64_t e = 0, off = 0; e < E; off += counts[e], ++e) {
+      if (counts[e] == 0) continue;
+      const torch::Tensor gy_e = gy.narrow(0, off, counts[e]);
+      mm_into(ga.narrow(0, off, counts[e]), gy_e, weights[3 * e + 2]);
+      gw[3 * e + 2] = at::mm(gy_e.t(), a.narrow(0, off, counts[e]));
+    }
+    // Through a = silu(g) * u, over all rows at once (as MulBackward and SiluBackward),
+    // into one [M, 2I] buffer laid out as gu, so one GEMM per expert gives both weights'
+    // gradients.
+    torch::Tensor dgu = torch::empty_like(gu);  // [M, 2I] = [d/dg | d/du]
+    torch::Tensor dg = dgu.narrow(1, 0, I), du = dgu.narrow(1, I, I);
+    at::silu_backward_out(dg, ga * u, g);
+    at::mul_out(du, ga, torch::silu(g));
+    torch::Tensor gx = torch::empty_like(xs), gx_up = torch::empty_like(xs);  // [M, H]
+    for (int64_t e = 0, off = 0; e < E; off += counts[e], ++e) {
+      if (counts[e] == 0) {  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
+        for (int j = 0; j < 3; ++j) gw[3 * e + j] = torch::zeros_like(weights[3 * e + j]);
+        continue;
+      }
+      const torch::Tensor x = xs.narrow(0, off, counts[e]);
+      const torch::Tensor gw_gu = at::mm(dgu.narrow(0, off, counts[e]).t(), x);  // [2I, H]
+      gw[3 * e] = gw_gu.narrow(0, 0, I);
+      gw[3 * e + 1] = gw_gu.narrow(0, I, I);
+      // The row's two uses (gate and up) each give a gradient; added once below.
+      mm_into(gx.narrow(0, off, counts[e]), dg.narrow(0, off, counts[e]), weights[3 * e]);
+      mm_into(gx_up.narrow(0, off, counts[e]), du.narrow(0, off, counts[e]), weights[3 * e + 1]);
+    }
+    gx.add_(gx_up);  // the two uses of each row add up (in either order: a + b == b + a)
+    variable_list grads{gx, torch::Tensor()};
+    grads.insert(grads.end(), gw.begin(), gw.end());
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor grouped_experts(const torch::Tensor& xs, const std::vector<int64_t>& counts,
+                              const std::vector<FeedForward>& experts) {
+  variable_list weights;
+  weights.reserve(3 * experts.size());
+  for (const auto& ex : experts) {
+    weights.push_back(ex->gate_proj->weight);
+    weights.push_back(ex->up_proj->weight);
+    weights.push_back(ex->down_proj->weight);
+  }
+  return GroupedSwiGLU::apply(xs, counts, at::TensorList(weights));  // one input per weight
+}
+
+}  // namespace minimind
