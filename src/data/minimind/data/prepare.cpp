@@ -4,11 +4,15 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <memory>
+#include <optional>
+#include <utility>
 
 #include "minimind/data/jsonl.h"
 #include "minimind/data/tokenizer.h"
@@ -24,6 +28,9 @@ namespace {
 // Bump when the tokenizer options or the token-file recipe change: old caches then miss.
 constexpr int kTokenizerRecipe = 1;
 
+// The most text the tokenizer is trained on (see prepare_data).
+constexpr uint64_t kTokenizerSampleBytes = 32u << 20;
+
 std::string read_file(const std::string& path, const char* what) {
   if (fs::is_directory(path))
     throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
@@ -32,19 +39,41 @@ std::string read_file(const std::string& path, const char* what) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// A 128-bit content key over several byte strings (each length-prefixed).
-SourceKey content_key(std::initializer_list<std::string_view> parts) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_128bits_reset(st);
-  for (std::string_view p : parts) {
-    const uint64_t n = p.size();
-    XXH3_128bits_update(st, &n, sizeof(n));
-    XXH3_128bits_update(st, p.data(), p.size());
+// A 128-bit content key over several parts, each length-prefixed: byte strings, or files
+// read in 1 MiB pieces (a gigabyte corpus is hashed without being held in memory; the key
+// is the same as hashing the file's bytes as one string).
+class KeyBuilder {
+ public:
+  KeyBuilder() : st_(XXH3_createState()) { XXH3_128bits_reset(st_); }
+  ~KeyBuilder() { XXH3_freeState(st_); }
+  KeyBuilder(const KeyBuilder&) = delete;
+  KeyBuilder& operator=(const KeyBuilder&) = delete;
+  KeyBuilder& add(std::string_view part) {
+    prefix(part.size());
+    XXH3_128bits_update(st_, part.data(), part.size());
+    return *this;
   }
-  XXH128_hash_t h = XXH3_128bits_digest(st);
-  XXH3_freeState(st);
-  return {h.low64, h.high64};
-}
+  KeyBuilder& add_file(const std::string& path, const char* what) {
+    if (fs::is_directory(path))
+      throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
+    prefix(fs::file_size(path));
+    std::vector<char> buf(1 << 20);
+    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+      XXH3_128bits_update(st_, buf.data(), static_cast<size_t>(in.gcount()));
+    return *this;
+  }
+  SourceKey key() const {
+    const XXH128_hash_t h = XXH3_128bits_digest(st_);
+    return {h.low64, h.high64};
+  }
+
+ private:
+  void prefix(uint64_t n) { XXH3_128bits_update(st_, &n, sizeof(n)); }
+  XXH3_state_t* st_;
+};
 
 std::string hex(const SourceKey& k) {
   char buf[33];
@@ -53,71 +82,127 @@ std::string hex(const SourceKey& k) {
   return buf;
 }
 
-struct Records {
-  std::vector<std::string> texts;
-  CorpusStats stats;
-};
-
-Records load_records(const std::string& path, bool strict, spdlog::logger& log) {
-  Records r;
-  r.stats = read_corpus(
-      path, {strict, 20}, [&](std::string_view text, int64_t) { r.texts.emplace_back(text); }, log);
-  log.info("{}", r.stats.summary(path));
-  return r;
-}
-
-// Prints progress about once a second: done/total, rate and ETA.
+// A byte-based progress bar with rate and ETA, logged every few seconds.
 class Progress {
  public:
-  Progress(std::string label, int64_t total, spdlog::logger& log)
-      : label_(std::move(label)), total_(total), log_(log) {}
-  void update(int64_t done) {
-    if (since_last_.seconds() < 1.0 || done >= total_) return;
+  Progress(std::string label, uint64_t total_bytes, spdlog::logger& log)
+      : label_(std::move(label)), total_(std::max<uint64_t>(1, total_bytes)), log_(log) {}
+  void update(uint64_t done) {
+    if (since_last_.seconds() < 3.0 || done >= total_) return;
     since_last_.restart();
-    const double rate = done / std::max(1e-9, since_start_.seconds());
-    log_.info("{}: {}/{} records ({:.0f} records/s, ETA {:.0f} s)", label_, done, total_, rate,
-              (total_ - done) / std::max(rate, 1e-9));
+    const double frac = static_cast<double>(done) / static_cast<double>(total_);
+    const double rate = done / std::max(1e-9, since_start_.seconds());  // bytes/s
+    const int filled = static_cast<int>(frac * 30);
+    log_.info("{} [{}{}] {:3.0f}% {:.0f}/{:.0f} MB, {:.1f} MB/s, ETA {:.0f} s", label_,
+              std::string(static_cast<size_t>(filled), '#'),
+              std::string(static_cast<size_t>(30 - filled), '.'), 100 * frac, done / 1e6,
+              total_ / 1e6, rate / 1e6, (total_ - done) / std::max(rate, 1e-9));
   }
   double elapsed() const { return since_start_.seconds(); }
 
  private:
   std::string label_;
-  int64_t total_;
+  uint64_t total_;
   spdlog::logger& log_;
   Stopwatch since_start_, since_last_;
 };
 
-// Tokenises texts (in parallel, order kept) into a token file; returns its token count.
-uint64_t write_tokens(const Tokenizer& tok, const std::vector<const std::string*>& texts,
-                      const std::string& path, SourceKey key, int threads, const std::string& label,
-                      spdlog::logger& log) {
-  TokenFileWriter writer(path, static_cast<uint32_t>(tok.vocab_size()), key);
-  Progress progress("tokenising " + label, static_cast<int64_t>(texts.size()), log);
-  uint64_t bytes = 0;
-  const size_t chunk = 256;
+// What one pass over the corpus learns: the usable records, their text bytes.
+struct CorpusCount {
+  CorpusStats stats;
+  uint64_t text_bytes = 0;
+};
+
+CorpusCount count_records(const std::string& path, bool strict, spdlog::logger& log) {
+  CorpusCount c;
+  c.stats = read_corpus(
+      path, {strict, 20}, [&](std::string_view text, int64_t) { c.text_bytes += text.size(); },
+      log);
+  log.info("{}", c.stats.summary(path));
+  return c;
+}
+
+// Later passes over a corpus already counted: its bad lines were reported by the first.
+spdlog::logger& quiet_logger() {
+  static spdlog::logger quiet("quiet");
+  return quiet;
+}
+
+// Tokenises a corpus (one streaming pass) into token files: record i goes to `out[i]` ==
+// nullptr ? skipped : that writer. Records are read in batches of ~8 MB; a batch is
+// tokenised by `threads` workers while the next one is read, and written in order.
+void tokenise_corpus(const Tokenizer& tok, const std::string& path, uint64_t text_bytes,
+                     const std::function<TokenFileWriter*(int64_t)>& out, int threads,
+                     spdlog::logger& log) {
+  using Docs = std::vector<std::vector<int32_t>>;
+  struct Batch {
+    std::vector<std::string> texts;
+    std::vector<TokenFileWriter*> dest;
+    std::vector<std::future<Docs>> parts;
+  };
   const size_t n_threads = static_cast<size_t>(std::max(1, threads));
-  for (size_t begin = 0; begin < texts.size(); begin += chunk * n_threads) {
-    std::vector<std::future<std::vector<std::vector<int32_t>>>> parts;
-    for (size_t t = 0; t < n_threads; ++t) {
-      const size_t lo = std::min(texts.size(), begin + t * chunk);
-      const size_t hi = std::min(texts.size(), lo + chunk);
-      parts.push_back(std::async(std::launch::async, [&, lo, hi] {
-        std::vector<std::vector<int32_t>> docs;
-        for (size_t i = lo; i < hi; ++i) docs.push_back(tok.encode_document(*texts[i]));
-        return docs;
-      }));
-    }
-    for (auto& p : parts)
-      for (const auto& doc : p.get()) writer.add_document(doc);
-    const size_t done = std::min(texts.size(), begin + chunk * n_threads);
-    for (size_t i = begin; i < done; ++i) bytes += texts[i]->size();
-    progress.update(static_cast<int64_t>(done));
-  }
-  writer.finish();
+  Progress progress("tokenising", text_bytes, log);
+  uint64_t read_bytes = 0, done_bytes = 0, tokens = 0;
+  std::optional<Batch> pending;  // being tokenised
+  auto drain = [&] {
+    if (!pending) return;
+    size_t i = 0;
+    for (auto& part : pending->parts)
+      for (const auto& doc : part.get()) {
+        done_bytes += pending->texts[i].size();
+        tokens += doc.size();
+        pending->dest[i++]->add_document(doc);
+      }
+    pending.reset();
+    progress.update(done_bytes);
+  };
+  Batch batch;
+  uint64_t batch_bytes = 0;
+  auto launch = [&] {
+    drain();
+    pending.emplace(std::move(batch));
+    batch = Batch();
+    batch_bytes = 0;
+    // Workers take chunks of 64 records in turn (records differ in length, so fixed halves
+    // would leave one worker idle at the end of each batch); chunk results keep file order.
+    const size_t n = pending->texts.size(), chunks = (n + 63) / 64;
+    auto docs = std::make_shared<std::vector<Docs>>(chunks);
+    auto next = std::make_shared<std::atomic<size_t>>(0);
+    std::vector<std::future<void>> workers;
+    for (size_t t = 0; t < n_threads; ++t)
+      workers.push_back(
+          std::async(std::launch::async, [&tok, &texts = pending->texts, docs, next, n] {
+            for (size_t c; (c = (*next)++) < docs->size();)
+              for (size_t i = 64 * c; i < std::min(n, 64 * c + 64); ++i)
+                (*docs)[c].push_back(tok.encode_document(texts[i]));
+          }));
+    pending->parts.push_back(
+        std::async(std::launch::deferred, [docs, w = std::move(workers)]() mutable {
+          for (auto& f : w) f.get();
+          Docs all;
+          for (auto& d : *docs)
+            for (auto& doc : d) all.push_back(std::move(doc));
+          return all;
+        }));
+  };
+  int64_t index = 0;
+  read_corpus(
+      path, {false, 0},
+      [&](std::string_view text, int64_t) {
+        TokenFileWriter* dest = out(index++);
+        read_bytes += text.size();
+        if (!dest) return;
+        batch.texts.emplace_back(text);
+        batch.dest.push_back(dest);
+        batch_bytes += text.size();
+        if (batch_bytes >= (8u << 20)) launch();
+      },
+      quiet_logger());
+  if (!batch.texts.empty()) launch();
+  drain();
   const double secs = progress.elapsed();
-  log.info("tokenised {}: {} records, {} tokens in {:.2f} s ({:.2f} MB/s, {:.0f} tokens/s)", label,
-           texts.size(), writer.num_tokens(), secs, bytes / 1e6 / secs, writer.num_tokens() / secs);
-  return writer.num_tokens();
+  log.info("tokenised {}: {:.1f} MB of text, {} tokens in {:.1f} s ({:.2f} MB/s, {:.0f} tokens/s)",
+           path, done_bytes / 1e6, tokens, secs, done_bytes / 1e6 / secs, tokens / secs);
 }
 
 bool usable(const std::string& path, const SourceKey& key, spdlog::logger& log) {
@@ -165,41 +250,72 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
                           spdlog::logger& log) {
   const Stopwatch total;
   PreparedData out;
-  const std::string corpus = read_file(data.train, "corpus");
-  const std::string val_corpus = data.val.empty() ? "" : read_file(data.val, "validation corpus");
+  // The corpus is streamed: hashed once for the cache keys, then read record by record
+  // (a count, a tokenizer sample, the tokenisation), never held in memory whole.
+  for (const auto& [path, what] :
+       {std::pair{data.train, "corpus"}, std::pair{data.val, "validation corpus"}}) {
+    if (path.empty()) continue;
+    if (fs::is_directory(path))
+      throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
+    if (!std::ifstream(path))
+      throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
+  }
   const std::string split = data.val.empty() ? "fraction " + std::to_string(data.val_fraction)
-                                             : "file " + std::to_string(val_corpus.size());
+                                             : "file " + std::to_string(fs::file_size(data.val));
   fs::create_directories(fs::path(data.cache_dir) / "tokenizers");
-
-  // Records are parsed only when something has to be made.
-  std::optional<Records> train_records, val_records;
-  auto train_split = [&]() -> Records& {
-    if (!train_records) train_records = load_records(data.train, data.strict, log);
-    return *train_records;
+  std::optional<CorpusCount> train_count;  // made only when something has to be made
+  auto counted = [&]() -> CorpusCount& {
+    if (!train_count) train_count = count_records(data.train, data.strict, log);
+    return *train_count;
+  };
+  auto held_out_mask = [&] {
+    const auto n = static_cast<int64_t>(counted().stats.records);
+    return data.val.empty() ? validation_mask(n, data.val_fraction)
+                            : std::vector<bool>(static_cast<size_t>(n), false);
   };
 
-  // 1. The tokenizer: given, or trained on the training split and cached.
+  // 1. The tokenizer: given, or trained on (a sample of) the training split and cached.
   std::string model_bytes;
   if (!data.tokenizer.empty()) {
     out.tokenizer_path = data.tokenizer;
     model_bytes = read_file(data.tokenizer, "tokenizer model");
     out.tokenizer_cached = true;
   } else {
-    const SourceKey key = content_key(
-        {"tokenizer", std::to_string(kTokenizerRecipe), std::to_string(vocab_size), split, corpus});
+    KeyBuilder kb;
+    kb.add("tokenizer").add(std::to_string(kTokenizerRecipe)).add(std::to_string(vocab_size));
+    kb.add(split).add_file(data.train, "corpus");
+    const SourceKey key = kb.key();
     out.tokenizer_path = (fs::path(data.cache_dir) / "tokenizers" / (hex(key) + ".model")).string();
     if (fs::exists(out.tokenizer_path)) {
       model_bytes = read_file(out.tokenizer_path, "tokenizer model");
       out.tokenizer_cached = true;
     } else {
-      Records& r = train_split();
-      std::vector<bool> held_out = data.val.empty()
-                                       ? validation_mask(r.texts.size(), data.val_fraction)
-                                       : std::vector<bool>(r.texts.size(), false);
-      std::vector<std::string_view> texts;
-      for (size_t i = 0; i < r.texts.size(); ++i)
-        if (!held_out[i]) texts.push_back(r.texts[i]);
-      log.info("training a {}-piece BPE tokenizer on {} records...", vocab_size, texts.size());
+      const std::vector<bool> held_out = held_out_mask();
+      // BPE training holds its input and per-word statistics in memory (several times the
+      // text): it reads at most kTokenizerSampleBytes, records drawn by a hash of their
+      // index (the same sample on every machine). All of a corpus below the budget.
+      const double keep = std::min(1.0, static_cast<double>(kTokenizerSampleBytes) /
+                                            std::max<uint64_t>(1, counted().text_bytes));
+      std::vector<std::string> sample;
+      uint64_t sample_bytes = 0;
+      int64_t index = 0;
+      read_corpus(
+          data.train, {false, 0},
+          [&](std::string_view text, int64_t) {
+            const auto i = static_cast<size_t>(index++);
+            if (held_out[i]) return;
+            if (keep < 1.0 && static_cast<double>(mix64(i ^ 0x746f6b656e697aULL)) >=
+                                  keep * 18446744073709551616.0)
+              return;
+            sample.emplace_back(text);
+            sample_bytes += text.size();
+          },
+          quiet_logger());
+      const std::vector<std::string_view> texts(sample.begin(), sample.end());
+      log.info(
+          "training a {}-piece BPE tokenizer on {} records ({:.1f} MB{})...", vocab_size,
+          texts.size(), sample_bytes / 1e6,
+          keep < 1.0 ? fmt::format(", a {:.1f}% sample of the training split", 100 * keep) : "");
       const Stopwatch training;
       try {
         model_bytes = Tokenizer::train(texts, static_cast<int32_t>(vocab_size));
@@ -219,9 +335,14 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   tok.check_vocab_size(vocab_size);
 
   // 2. Token files, keyed on corpus, split and tokenizer content.
-  const SourceKey key =
-      content_key({"tokens", std::to_string(kTokenFileVersion), std::to_string(kTokenizerRecipe),
-                   split, corpus, val_corpus, model_bytes});
+  KeyBuilder kb;
+  kb.add("tokens").add(std::to_string(kTokenFileVersion)).add(std::to_string(kTokenizerRecipe));
+  kb.add(split).add_file(data.train, "corpus");
+  if (data.val.empty())
+    kb.add("");
+  else
+    kb.add_file(data.val, "validation corpus");
+  const SourceKey key = kb.add(model_bytes).key();
   const fs::path dir = fs::path(data.cache_dir) / "tokens" / hex(key);
   out.train_path = (dir / "train.tok").string();
   const bool has_val = !data.val.empty() || data.val_fraction > 0;
@@ -231,24 +352,26 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   // data.strict refuses a corpus with bad lines even when its token files are cached
   // (they were made by a run that skipped the lines).
   if (data.strict && out.tokens_cached) {
-    train_split();
-    if (!data.val.empty()) val_records = load_records(data.val, true, log);
+    counted();
+    if (!data.val.empty()) count_records(data.val, true, log);
   }
   if (!out.tokens_cached) {
     fs::create_directories(dir);
-    Records& r = train_split();
-    std::vector<const std::string*> train_texts, val_texts;
-    if (data.val.empty()) {
-      std::vector<bool> held_out = validation_mask(r.texts.size(), data.val_fraction);
-      for (size_t i = 0; i < r.texts.size(); ++i)
-        (held_out[i] ? val_texts : train_texts).push_back(&r.texts[i]);
-    } else {
-      for (const auto& t : r.texts) train_texts.push_back(&t);
-      val_records = load_records(data.val, data.strict, log);
-      for (const auto& t : val_records->texts) val_texts.push_back(&t);
+    const std::vector<bool> held_out = held_out_mask();
+    TokenFileWriter train_writer(out.train_path, static_cast<uint32_t>(tok.vocab_size()), key);
+    std::optional<TokenFileWriter> val_writer;
+    if (has_val) val_writer.emplace(out.val_path, static_cast<uint32_t>(tok.vocab_size()), key);
+    tokenise_corpus(
+        tok, data.train, counted().text_bytes,
+        [&](int64_t i) { return held_out[static_cast<size_t>(i)] ? &*val_writer : &train_writer; },
+        threads, log);
+    if (!data.val.empty()) {
+      const CorpusCount val_count = count_records(data.val, data.strict, log);
+      tokenise_corpus(
+          tok, data.val, val_count.text_bytes, [&](int64_t) { return &*val_writer; }, threads, log);
     }
-    write_tokens(tok, train_texts, out.train_path, key, threads, "train", log);
-    if (has_val) write_tokens(tok, val_texts, out.val_path, key, threads, "val", log);
+    train_writer.finish();
+    if (val_writer) val_writer->finish();
   }
   TokenFile train = TokenFile::open(out.train_path);
   out.train_tokens = train.num_tokens();

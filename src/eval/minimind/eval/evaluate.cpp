@@ -10,7 +10,8 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
                     int64_t batch_size, int64_t max_docs, Distributed* dist) {
   const bool was_training = model->is_training();
   model->eval();
-  torch::NoGradGuard no_grad;
+  // Inference mode: no autograd bookkeeping (version counters, view tracking) on any op.
+  c10::InferenceMode inference;
   const int64_t rank = dist ? dist->rank() : 0, world = dist ? dist->world_size() : 1;
   const ModelConfig& m = model->config();
   EvalResult r;
