@@ -31,11 +31,17 @@ constexpr int kTokenizerRecipe = 1;
 // The most text the tokenizer is trained on (see prepare_data).
 constexpr uint64_t kTokenizerSampleBytes = 32u << 20;
 
-std::string read_file(const std::string& path, const char* what) {
+// Opens an input file, or throws DataError naming it (`what`: "corpus", ...).
+std::ifstream open_input(const std::string& path, const char* what) {
   if (fs::is_directory(path))
     throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
+  return in;
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in = open_input(path, what);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
@@ -54,11 +60,7 @@ class KeyBuilder {
     return *this;
   }
   KeyBuilder& add_file(const std::string& path, const char* what) {
-    if (fs::is_directory(path))
-      throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-      throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
+    std::ifstream in = open_input(path, what);
     prefix(fs::file_size(path));
     std::vector<char> buf(1 << 20);
     while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
@@ -138,17 +140,19 @@ void tokenise_corpus(const Tokenizer& tok, const std::string& path, uint64_t tex
   struct Batch {
     std::vector<std::string> texts;
     std::vector<TokenFileWriter*> dest;
-    std::vector<std::future<Docs>> parts;
+    std::vector<Docs> chunks;  // chunk c: the documents of texts[64c, 64c + 64)
+    std::vector<std::future<void>> workers;
   };
   const size_t n_threads = static_cast<size_t>(std::max(1, threads));
   Progress progress("tokenising", text_bytes, log);
-  uint64_t read_bytes = 0, done_bytes = 0, tokens = 0;
+  uint64_t done_bytes = 0, tokens = 0;
   std::optional<Batch> pending;  // being tokenised
   auto drain = [&] {
     if (!pending) return;
+    for (auto& w : pending->workers) w.get();
     size_t i = 0;
-    for (auto& part : pending->parts)
-      for (const auto& doc : part.get()) {
+    for (const auto& chunk : pending->chunks)
+      for (const auto& doc : chunk) {
         done_bytes += pending->texts[i].size();
         tokens += doc.size();
         pending->dest[i++]->add_document(doc);
@@ -160,37 +164,26 @@ void tokenise_corpus(const Tokenizer& tok, const std::string& path, uint64_t tex
   uint64_t batch_bytes = 0;
   auto launch = [&] {
     drain();
-    pending.emplace(std::move(batch));
+    Batch& b = pending.emplace(std::move(batch));
     batch = Batch();
     batch_bytes = 0;
     // Workers take chunks of 64 records in turn (records differ in length, so fixed halves
-    // would leave one worker idle at the end of each batch); chunk results keep file order.
-    const size_t n = pending->texts.size(), chunks = (n + 63) / 64;
-    auto docs = std::make_shared<std::vector<Docs>>(chunks);
+    // would leave one worker idle at the end of each batch); chunks keep file order.
+    const size_t n = b.texts.size();
+    b.chunks.resize((n + 63) / 64);
     auto next = std::make_shared<std::atomic<size_t>>(0);
-    std::vector<std::future<void>> workers;
     for (size_t t = 0; t < n_threads; ++t)
-      workers.push_back(
-          std::async(std::launch::async, [&tok, &texts = pending->texts, docs, next, n] {
-            for (size_t c; (c = (*next)++) < docs->size();)
-              for (size_t i = 64 * c; i < std::min(n, 64 * c + 64); ++i)
-                (*docs)[c].push_back(tok.encode_document(texts[i]));
-          }));
-    pending->parts.push_back(
-        std::async(std::launch::deferred, [docs, w = std::move(workers)]() mutable {
-          for (auto& f : w) f.get();
-          Docs all;
-          for (auto& d : *docs)
-            for (auto& doc : d) all.push_back(std::move(doc));
-          return all;
-        }));
+      b.workers.push_back(std::async(std::launch::async, [&tok, &b, next, n] {
+        for (size_t c; (c = (*next)++) < b.chunks.size();)
+          for (size_t i = 64 * c; i < std::min(n, 64 * c + 64); ++i)
+            b.chunks[c].push_back(tok.encode_document(b.texts[i]));
+      }));
   };
   int64_t index = 0;
   read_corpus(
       path, {false, 0},
       [&](std::string_view text, int64_t) {
         TokenFileWriter* dest = out(index++);
-        read_bytes += text.size();
         if (!dest) return;
         batch.texts.emplace_back(text);
         batch.dest.push_back(dest);
@@ -252,14 +245,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   PreparedData out;
   // The corpus is streamed: hashed once for the cache keys, then read record by record
   // (a count, a tokenizer sample, the tokenisation), never held in memory whole.
-  for (const auto& [path, what] :
-       {std::pair{data.train, "corpus"}, std::pair{data.val, "validation corpus"}}) {
-    if (path.empty()) continue;
-    if (fs::is_directory(path))
-      throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
-    if (!std::ifstream(path))
-      throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
-  }
+  open_input(data.train, "corpus");
+  if (!data.val.empty()) open_input(data.val, "validation corpus");
   const std::string split = data.val.empty() ? "fraction " + std::to_string(data.val_fraction)
                                              : "file " + std::to_string(fs::file_size(data.val));
   fs::create_directories(fs::path(data.cache_dir) / "tokenizers");
