@@ -277,7 +277,24 @@ TEST(TokenFileFormat, UnfinishedWriterLeavesNothing) {
     w.add_document({1, 2});
   }  // destroyed without finish(), as when tokenisation throws
   EXPECT_FALSE(fs::exists(dir + "/x.tok"));
-  EXPECT_FALSE(fs::exists(dir + "/x.tok.tmp"));
+  EXPECT_TRUE(fs::is_empty(dir)) << "a temporary file was left behind";
+}
+
+// Two writers of one file at once (two processes preparing one cache): each writes its own
+// temporary and renames it over the file, so both finish and the file is whole.
+TEST(TokenFileFormat, TwoWritersOfOneFileBothFinish) {
+  const std::string dir = temp_dir("tftwo");
+  TokenFileWriter a(dir + "/x.tok", 100, {0, 0}), b(dir + "/x.tok", 100, {0, 0});
+  a.add_document({1, 2, 3});
+  b.add_document({1, 2, 3});
+  a.finish();
+  b.finish();
+  const TokenFile f = TokenFile::open(dir + "/x.tok");
+  EXPECT_EQ(f.num_tokens(), 3u);
+  EXPECT_EQ(f.num_docs(), 1u);
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) entries += e.is_regular_file();
+  EXPECT_EQ(entries, 1u) << "a temporary file was left behind";
 }
 
 // ---- Batching

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -11,8 +13,13 @@
 
 namespace minimind {
 
+std::string temp_path(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temp_path(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("cannot write '" + tmp + "': " + std::strerror(errno));
   // Write everything and flush it to disk; on any failure (a full disk: ENOSPC) remove the

@@ -6,7 +6,12 @@
 
 namespace minimind {
 
-// Writes bytes to path + ".tmp", flushes, then renames it over path: readers see the old
+// A temporary name next to path that no other writer uses: path + ".tmp.<pid>.<n>". Two
+// processes (or two writers in one) preparing the same file each write their own and
+// rename it over path; the last rename wins and every reader sees a whole file.
+std::string temp_path(const std::string& path);
+
+// Writes bytes to temp_path(path), flushes, then renames it over path: readers see the old
 // file or the new one, never a half-written one. Throws Error naming the file and the
 // reason (e.g. "No space left on device"); the temporary file is then removed.
 void write_file_atomic(const std::string& path, std::string_view bytes);

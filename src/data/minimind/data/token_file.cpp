@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "minimind/util/atomic_file.h"
+
 namespace minimind {
 namespace {
 
@@ -34,7 +36,7 @@ uint64_t align8(uint64_t n) {
 
 TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, SourceKey key)
     : path_(std::move(path)),
-      tmp_(path_ + ".tmp"),
+      tmp_(temp_path(path_)),  // per writer: two processes may prepare one cache
       vocab_size_(vocab_size),
       token_bytes_(vocab_size <= 65536 ? 2 : 4),
       key_(key) {
