@@ -1,6 +1,7 @@
 // Data: JSONL reading and bad input, the sentencepiece tokenizer (round trip, determinism,
 // Python parity), token files (format errors), preparation cache, and batching.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -278,6 +279,26 @@ TEST(TokenFileFormat, UnfinishedWriterLeavesNothing) {
   }  // destroyed without finish(), as when tokenisation throws
   EXPECT_FALSE(fs::exists(dir + "/x.tok"));
   EXPECT_TRUE(fs::is_empty(dir)) << "a temporary file was left behind";
+}
+
+// A writer killed mid-write (kill -9) leaves its temporary; the next writer of that file
+// removes it, and leaves a live process's temporary alone.
+TEST(TokenFileFormat, StaleTemporariesOfDeadWritersAreRemoved) {
+  const std::string dir = temp_dir("tfstale");
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  waitpid(dead, nullptr, 0);  // reaped: its pid names no process now
+  const std::string stale = dir + "/x.tok.tmp." + std::to_string(dead) + ".0";
+  const std::string live = dir + "/x.tok.tmp." + std::to_string(getpid()) + ".99";
+  std::ofstream(stale) << "half";
+  std::ofstream(live) << "half";
+  TokenFileWriter w(dir + "/x.tok", 100, {0, 0});
+  w.add_document({1, 2});
+  w.finish();
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(TokenFile::open(dir + "/x.tok").num_tokens(), 2u);
 }
 
 // Two writers of one file at once (two processes preparing one cache): each writes its own

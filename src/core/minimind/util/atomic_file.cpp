@@ -1,13 +1,16 @@
 #include "minimind/util/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "minimind/error.h"
 
@@ -18,7 +21,23 @@ std::string temp_path(const std::string& path) {
   return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
+void remove_stale_temps(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& e :
+       fs::directory_iterator(p.parent_path().empty() ? "." : p.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      fs::remove(e.path(), ec);  // best effort: a file another cleaner took is fine
+  }
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes) {
+  remove_stale_temps(path);
   const std::string tmp = temp_path(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("cannot write '" + tmp + "': " + std::strerror(errno));

@@ -11,6 +11,10 @@ namespace minimind {
 // rename it over path; the last rename wins and every reader sees a whole file.
 std::string temp_path(const std::string& path);
 
+// Removes temporaries of path left by writers that no longer run (a kill -9 or a power cut
+// mid-write): path.tmp.<pid>.* whose process is gone. Temporaries of live processes stay.
+void remove_stale_temps(const std::string& path);
+
 // Writes bytes to temp_path(path), flushes, then renames it over path: readers see the old
 // file or the new one, never a half-written one. Throws Error naming the file and the
 // reason (e.g. "No space left on device"); the temporary file is then removed.

@@ -40,6 +40,7 @@ TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, SourceKe
       vocab_size_(vocab_size),
       token_bytes_(vocab_size <= 65536 ? 2 : 4),
       key_(key) {
+  remove_stale_temps(path_);
   out_ = std::fopen(tmp_.c_str(), "wb");
   if (!out_) throw DataError("cannot write token file '" + tmp_ + "'");
   Header blank{};
