@@ -48,7 +48,8 @@ extern "C" void on_stop_signal(int sig) {
   g_first_signal_ms.store(monotonic_ms());
   g_stop.request(sig);
   const char msg[] =
-      "\nstopping after this step with a checkpoint (send the signal again to quit now)\n";
+      "\nstopping after this step with a checkpoint, or now if preparing data (send the signal "
+      "again to quit at once)\n";
   (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
@@ -115,8 +116,9 @@ int main(int argc, char** argv) {
     }
     if (prepare_only) {
       minimind::check_data_paths(cfg);
-      minimind::prepare_data(cfg.data, cfg.model.vocab_size,
-                             minimind::use_threads(cfg.run.threads));
+      install_stop_handlers();
+      minimind::prepare_data(cfg.data, cfg.model.vocab_size, minimind::use_threads(cfg.run.threads),
+                             *spdlog::default_logger(), &g_stop);
       return 0;
     }
     // torchrun's variables (RANK, WORLD_SIZE, ...) make this one rank of a job.

@@ -1,12 +1,15 @@
 // Data: JSONL reading and bad input, the sentencepiece tokenizer (round trip, determinism,
 // Python parity), token files (format errors), preparation cache, and batching.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -538,4 +541,58 @@ TEST(Prepare, TooSmallAVocabularyNamesTheKey) {
   const std::string msg = test::error_of<TokenizerError>([&] { prepare_data(d, 100, 1); });
   EXPECT_NE(msg.find("model.vocab_size = 100"), std::string::npos) << msg;
   EXPECT_NE(msg.find("hint: a byte-fallback BPE needs at least 256"), std::string::npos) << msg;
+}
+
+// A log sink that asks for a stop when a message containing `trigger` is logged: the
+// stop then arrives between two passes of the preparation, as a Ctrl-C would.
+class StopOnMessage : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  StopOnMessage(StopFlag& flag, std::string trigger) : flag_(flag), trigger_(std::move(trigger)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    if (std::string_view(msg.payload.data(), msg.payload.size()).find(trigger_) !=
+        std::string_view::npos)
+      flag_.request(SIGINT);
+  }
+  void flush_() override {}
+
+ private:
+  StopFlag& flag_;
+  std::string trigger_;
+};
+
+TEST(Prepare, AStopRequestEndsItAndLeavesTheCacheAsItWas) {
+  const std::string dir = temp_dir("prepstop");
+  DataConfig d = corpus_config(dir, "a.jsonl", sample_corpus(100));
+  StopFlag stop;
+  // Before anything: Interrupted (exit status 130 in the mains), no tokenizer, no files.
+  stop.request(SIGINT);
+  try {
+    prepare_data(d, 700, 2, *spdlog::default_logger(), &stop);
+    ADD_FAILURE() << "no Interrupted";
+  } catch (const Interrupted& e) {
+    EXPECT_EQ(e.signal(), SIGINT);
+    EXPECT_NE(std::string(e.what()).find("interrupted while preparing the data"),
+              std::string::npos);
+  }
+  EXPECT_TRUE(fs::is_empty(d.cache_dir + "/tokenizers"));
+  EXPECT_FALSE(fs::exists(d.cache_dir + "/tokens"));
+
+  // With a cached tokenizer the token files are made next: a stop after the counting pass
+  // lands while both writers are open. Their temporaries go; nothing is left in the cache.
+  stop.clear();
+  d.tokenizer = prepare_data(d, 700, 2).tokenizer_path;
+  fs::remove_all(d.cache_dir + "/tokens");
+  spdlog::logger log("stop-on-count", std::make_shared<StopOnMessage>(stop, "records"));
+  EXPECT_THROW(prepare_data(d, 700, 2, log, &stop), Interrupted);
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d.cache_dir + "/tokens"))
+    files += e.is_regular_file();
+  EXPECT_EQ(files, 0u);
+  // And the next run prepares the data as if nothing had happened.
+  stop.clear();
+  PreparedData p = prepare_data(d, 700, 2, *spdlog::default_logger(), &stop);
+  EXPECT_FALSE(p.tokens_cached);
+  EXPECT_GT(p.train_tokens, 1000u);
 }

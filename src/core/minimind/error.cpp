@@ -18,6 +18,9 @@ std::string first_line(const std::string& what, size_t max_chars) {
 int run_main(const std::function<int()>& body) {
   try {
     return body();
+  } catch (const Interrupted& e) {
+    spdlog::warn("{}", e.what());
+    return 128 + e.signal();
   } catch (const std::exception& e) {
     spdlog::error("{}{}", dynamic_cast<const Error*>(&e) ? "" : "unexpected error: ", e.what());
     return 1;

@@ -49,11 +49,24 @@ class DistError : public Error {
   using Error::Error;
 };
 
+// A stop request (Ctrl-C, SIGTERM) honoured where there is no step to finish and nothing
+// to checkpoint (data preparation): the work so far is dropped, nothing half-written is
+// left. run_main exits with 128 + the signal, as a shell reports a process it killed.
+class Interrupted : public Error {
+ public:
+  Interrupted(int signal, const std::string& message) : Error(message), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
 // The first line of an exception text (LibTorch's carry backtraces), at most max_chars long.
 std::string first_line(const std::string& what, size_t max_chars = std::string::npos);
 
 // The body of a main: runs it and turns any exception into one error line on the default
-// logger ("unexpected error: ..." for anything that is not an Error) and exit status 1.
+// logger ("unexpected error: ..." for anything that is not an Error) and exit status 1;
+// an Interrupted is a warning and exit status 128 + its signal (130 for Ctrl-C).
 int run_main(const std::function<int()>& body);
 
 }  // namespace minimind

@@ -18,6 +18,7 @@
 #include "minimind/data/tokenizer.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/mix64.h"
+#include "minimind/util/stop_flag.h"
 #include "minimind/util/stopwatch.h"
 
 namespace fs = std::filesystem;
@@ -109,16 +110,31 @@ class Progress {
   Stopwatch since_start_, since_last_;
 };
 
+// Ctrl-C during preparation ends it at the next record: the writers' destructors remove
+// their temporaries, so the cache holds only whole files (a 1 GB corpus takes minutes).
+void check_stop(const StopFlag* stop) {
+  if (stop && stop->signal() != 0)
+    throw Interrupted(stop->signal(),
+                      "interrupted while preparing the data (signal " +
+                          std::to_string(stop->signal()) +
+                          "): nothing half-made was cached; the next run prepares it again");
+}
+
 // What one pass over the corpus learns: the usable records, their text bytes.
 struct CorpusCount {
   CorpusStats stats;
   uint64_t text_bytes = 0;
 };
 
-CorpusCount count_records(const std::string& path, bool strict, spdlog::logger& log) {
+CorpusCount count_records(const std::string& path, bool strict, spdlog::logger& log,
+                          const StopFlag* stop) {
   CorpusCount c;
   c.stats = read_corpus(
-      path, {strict, 20}, [&](std::string_view text, int64_t) { c.text_bytes += text.size(); },
+      path, {strict, 20},
+      [&](std::string_view text, int64_t) {
+        check_stop(stop);
+        c.text_bytes += text.size();
+      },
       log);
   log.info("{}", c.stats.summary(path));
   return c;
@@ -135,7 +151,7 @@ spdlog::logger& quiet_logger() {
 // tokenised by `threads` workers while the next one is read, and written in order.
 void tokenise_corpus(const Tokenizer& tok, const std::string& path, uint64_t text_bytes,
                      const std::function<TokenFileWriter*(int64_t)>& out, int threads,
-                     spdlog::logger& log) {
+                     spdlog::logger& log, const StopFlag* stop) {
   using Docs = std::vector<std::vector<int32_t>>;
   struct Batch {
     std::vector<std::string> texts;
@@ -183,6 +199,7 @@ void tokenise_corpus(const Tokenizer& tok, const std::string& path, uint64_t tex
   read_corpus(
       path, {false, 0},
       [&](std::string_view text, int64_t) {
+        check_stop(stop);  // unwinding waits for the running workers (their futures)
         TokenFileWriter* dest = out(index++);
         if (!dest) return;
         batch.texts.emplace_back(text);
@@ -240,7 +257,7 @@ std::vector<bool> validation_mask(int64_t n, double fraction) {
 }
 
 PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads,
-                          spdlog::logger& log) {
+                          spdlog::logger& log, const StopFlag* stop) {
   const Stopwatch total;
   PreparedData out;
   // The corpus is streamed: hashed once for the cache keys, then read record by record
@@ -252,7 +269,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   fs::create_directories(fs::path(data.cache_dir) / "tokenizers");
   std::optional<CorpusCount> train_count;  // made only when something has to be made
   auto counted = [&]() -> CorpusCount& {
-    if (!train_count) train_count = count_records(data.train, data.strict, log);
+    if (!train_count) train_count = count_records(data.train, data.strict, log, stop);
     return *train_count;
   };
   auto held_out_mask = [&] {
@@ -289,6 +306,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
       read_corpus(
           data.train, {false, 0},
           [&](std::string_view text, int64_t) {
+            check_stop(stop);
             const auto i = static_cast<size_t>(index++);
             if (held_out[i]) return;
             if (keep < 1.0 && static_cast<double>(mix64(i ^ 0x746f6b656e697aULL)) >=
@@ -340,7 +358,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   // (they were made by a run that skipped the lines).
   if (data.strict && out.tokens_cached) {
     counted();
-    if (!data.val.empty()) count_records(data.val, true, log);
+    if (!data.val.empty()) count_records(data.val, true, log, stop);
   }
   if (!out.tokens_cached) {
     fs::create_directories(dir);
@@ -351,11 +369,12 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     tokenise_corpus(
         tok, data.train, counted().text_bytes,
         [&](int64_t i) { return held_out[static_cast<size_t>(i)] ? &*val_writer : &train_writer; },
-        threads, log);
+        threads, log, stop);
     if (!data.val.empty()) {
-      const CorpusCount val_count = count_records(data.val, data.strict, log);
+      const CorpusCount val_count = count_records(data.val, data.strict, log, stop);
       tokenise_corpus(
-          tok, data.val, val_count.text_bytes, [&](int64_t) { return &*val_writer; }, threads, log);
+          tok, data.val, val_count.text_bytes, [&](int64_t) { return &*val_writer; }, threads, log,
+          stop);
     }
     train_writer.finish();
     if (val_writer) val_writer->finish();

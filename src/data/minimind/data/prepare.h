@@ -7,6 +7,7 @@
 
 #include "minimind/config.h"
 #include "minimind/data/token_file.h"
+#include "minimind/util/stop_flag.h"
 
 namespace minimind {
 
@@ -24,9 +25,11 @@ struct PreparedData {
 // data.cache_dir and returns their paths. Work is skipped when files made from the same
 // content (corpus bytes, tokenizer bytes, split, format version) are already there; a
 // changed corpus gets new files. Progress goes to `log` (a run's log includes it). Throws
-// DataError / TokenizerError with a clear message.
+// DataError / TokenizerError with a clear message; a request on `stop` (when given) ends
+// the work at the next record with Interrupted, leaving the cache as it was.
 PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int threads,
-                          spdlog::logger& log = *spdlog::default_logger());
+                          spdlog::logger& log = *spdlog::default_logger(),
+                          const StopFlag* stop = nullptr);
 
 // Checks that data.train, data.val and data.tokenizer (when set) are existing files; throws
 // DataError naming the key and where it was set. A run checks this before it touches its

@@ -54,7 +54,7 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
-void set_up(TrainSession& s, const Config& cfg, Distributed& dist) {
+void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFlag* stop) {
   const bool main_rank = dist.is_main();
   const std::string& run_dir = s.run.path;
   spdlog::logger& log = *s.log;
@@ -78,9 +78,9 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist) {
   const bool keeps_tokenizer =
       s.run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
   if (keeps_tokenizer) data.tokenizer = own_tokenizer.string();
-  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log);
+  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log, stop);
   dist.barrier();
-  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log);
+  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log, stop);
   if (main_rank && !keeps_tokenizer)
     fs::copy_file(prepared->tokenizer_path, own_tokenizer, fs::copy_options::overwrite_existing);
   s.train_tokens = TokenFile::open(prepared->train_path);
@@ -141,7 +141,8 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist) {
 }  // namespace
 
 std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
-                                           bool resume, bool overwrite, Distributed& dist) {
+                                           bool resume, bool overwrite, Distributed& dist,
+                                           const StopFlag* stop) {
   auto s = std::make_unique<TrainSession>();
   // Before --overwrite empties the run directory: what can be known wrong now.
   check_data_paths(cfg);
@@ -149,7 +150,7 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   s->run = open_run_directory(run_dir, resume, overwrite, dist);
   make_run_loggers(*s, run_dir, resume, dist.rank());
   try {
-    set_up(*s, cfg, dist);
+    set_up(*s, cfg, dist, stop);
   } catch (const std::exception& e) {
     log_failure(*s, e);
     throw;

@@ -15,6 +15,7 @@
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/checkpoint.h"
+#include "minimind/util/stop_flag.h"
 
 namespace minimind {
 
@@ -39,9 +40,11 @@ struct TrainSession {
 // checkpoint (a different model is a CheckpointError naming the keys), writes config.yaml,
 // sets the thread policy and the seed, prepares the data (rank 0 first, the others then
 // find it in the cache), builds or restores model, optimizer and data position, and gives
-// every rank rank 0's weights. Not movable: the sampler refers to train_tokens.
+// every rank rank 0's weights. Not movable: the sampler refers to train_tokens. A request
+// on `stop` during data preparation throws Interrupted.
 std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
-                                           bool resume, bool overwrite, Distributed& dist);
+                                           bool resume, bool overwrite, Distributed& dist,
+                                           const StopFlag* stop = nullptr);
 
 // Writes a run's fatal error to its train.log (the console gets it from the main).
 void log_failure(const TrainSession& s, const std::exception& e);

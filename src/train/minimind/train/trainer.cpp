@@ -169,7 +169,7 @@ TrainResult train(const Config& cfg, const TrainOptions& options) {
   Distributed& dist = options.dist ? *options.dist : single;
   const std::string run_dir = options.out_dir.empty() ? "runs/" + cfg.run.name : options.out_dir;
   std::unique_ptr<TrainSession> s =
-      open_session(cfg, run_dir, options.resume, options.overwrite, dist);
+      open_session(cfg, run_dir, options.resume, options.overwrite, dist, options.stop);
   try {
     return run_loop(s.get(), cfg, options, dist);
   } catch (const std::exception& e) {
