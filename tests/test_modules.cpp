@@ -10,6 +10,7 @@
 #include "minimind/config.h"
 #include "minimind/model/attention.h"
 #include "minimind/model/moe_feed_forward.h"
+#include "minimind/model/next_token_loss.h"
 #include "minimind/model/rms_norm.h"
 #include "minimind/model/rope.h"
 
@@ -203,5 +204,36 @@ TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
     EXPECT_TRUE(torch::equal(one.index, batched.index.narrow(0, t, 1)));
     EXPECT_TRUE(torch::equal(one.counts, torch::bincount(one.index.reshape({-1}), {}, 8)));
     EXPECT_FALSE(one.router_sums.defined());  // stats off: nothing computed for the logs
+  }
+}
+
+// The loss without shifting the logits (next_token_loss) against the sliced cross_entropy it
+// replaces, on the same inputs: the same loss and the same gradient, bit for bit (both
+// follow log_softmax's and nll_loss's formulas), with ignored labels inside the rows, for
+// a vocabulary the vector kernels cover whole (6,400) and one with a tail (37).
+TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
+  for (const int64_t V : {6400, 37}) {
+    torch::manual_seed(5);
+    const int64_t B = 3, T = 9;
+    const torch::Tensor base = 4 * torch::randn({B, T, V});             // [B, T, V]
+    torch::Tensor labels = torch::randint(0, V, {B, T}, torch::kLong);  // [B, T]
+    labels[1][4] = -100, labels[2][T - 1] = -100, labels[0][0] = -100;  // [0][0] is never read
+    for (const bool mean : {true, false}) {
+      SCOPED_TRACE("V " + std::to_string(V) + (mean ? " mean" : " sum"));
+      const torch::Tensor a = base.clone().requires_grad_(), b = base.clone().requires_grad_();
+      auto options = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100);
+      if (!mean) options.reduction(torch::kSum);
+      const torch::Tensor want =
+          torch::nn::functional::cross_entropy(a.narrow(1, 0, T - 1).reshape({-1, V}),
+                                               labels.narrow(1, 1, T - 1).reshape({-1}), options);
+      const torch::Tensor got = next_token_loss(b, labels, mean);
+      EXPECT_EQ(got.item<float>(), want.item<float>());
+      (want * 1.7).backward();  // a non-unit upstream gradient
+      (got * 1.7).backward();
+      EXPECT_TRUE(torch::equal(a.grad(), b.grad()))
+          << "max |difference| " << (a.grad() - b.grad()).abs().max().item<float>();
+      EXPECT_TRUE(b.grad().select(1, T - 1).eq(0).all().item<bool>());  // predicts nothing
+      EXPECT_TRUE(b.grad()[1][3].eq(0).all().item<bool>());             // its label is ignored
+    }
   }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "minimind/data/batcher.h"
+#include "minimind/model/next_token_loss.h"
 
 namespace minimind {
 
@@ -35,11 +36,8 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
       fill_pad_row(docs, static_cast<uint64_t>(first + b), L, ids.data_ptr<int64_t>() + b * L,
                    labels.data_ptr<int64_t>() + b * L);
     ForwardOutput out = model(ids);
-    const int64_t V = out.logits.size(-1);
-    torch::Tensor targets = labels.narrow(1, 1, L - 1).reshape({-1});  // [B*(L-1)]
-    torch::Tensor ce = torch::nn::functional::cross_entropy(
-        out.logits.narrow(1, 0, L - 1).reshape({-1, V}), targets,
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    torch::Tensor targets = labels.narrow(1, 1, L - 1);  // [B, L-1]
+    torch::Tensor ce = next_token_loss(out.logits, labels, /*mean=*/false);
     loss_sum += ce.item<double>();
     r.tokens += (targets != -100).sum().item<int64_t>();
     r.documents += B;

@@ -1,6 +1,7 @@
 #include "minimind/model/minimind_model.h"
 
 #include "minimind/model/linear.h"
+#include "minimind/model/next_token_loss.h"
 
 namespace minimind {
 
@@ -151,12 +152,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, out.logits.options());
 
   if (labels.defined()) {
-    const int64_t T = out.logits.size(1), V = out.logits.size(2);
-    torch::Tensor shift_logits = out.logits.narrow(1, 0, T - 1).reshape({-1, V});
-    torch::Tensor shift_labels = labels.narrow(1, 1, T - 1).reshape({-1});
-    out.loss = torch::nn::functional::cross_entropy(
-        shift_logits, shift_labels,
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    out.loss = next_token_loss(out.logits, labels);  // logits[:, t] predict labels[:, t + 1]
   }
   return out;
 }

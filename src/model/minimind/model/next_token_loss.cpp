@@ -1,0 +1,63 @@
+#include "minimind/model/next_token_loss.h"
+
+namespace minimind {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kIgnore = -100;
+
+struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& labels, bool mean) {
+    const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+    torch::Tensor lsm = at::_log_softmax(logits.reshape({B * T, V}), 1, false);  // [B*T, V]
+    const torch::Tensor targets = labels.narrow(1, 1, T - 1);                    // [B, T-1]
+    const torch::Tensor counted = targets != kIgnore;                            // [B, T-1]
+    const torch::Tensor safe = targets.masked_fill(counted.logical_not(), 0);    // [B, T-1]
+    // The log-probability of each label, as nll_loss's input of one class per row: the
+    // rows, their order and the ignored ones are those of the sliced form.
+    const torch::Tensor picked = lsm.view({B, T, V})
+                                     .narrow(1, 0, T - 1)
+                                     .gather(2, safe.unsqueeze(-1))
+                                     .reshape({B * (T - 1), 1});  // [B*(T-1), 1]
+    const torch::Tensor nll_targets =
+        torch::full_like(safe, kIgnore).masked_fill_(counted, 0).reshape({-1});  // [B*(T-1)]
+    const auto reduction = mean ? at::Reduction::Mean : at::Reduction::Sum;
+    auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
+    ctx->save_for_backward({lsm, safe, counted, total_weight});
+    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["shape"] = logits.sizes().vec();
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor grad = saved[0];  // the log-probabilities, overwritten: not needed again
+    const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
+    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
+    const int64_t B = shape[0], T = shape[1], V = shape[2];
+    // nll_loss's backward puts v = -(grad / total weight) (mean) or -grad (sum) at each
+    // label; log_softmax's turns that row into v * onehot - exp(lsm) * v.
+    const torch::Tensor g = grad_out[0];
+    const torch::Tensor v = (ctx->saved_data["mean"].toBool() ? g / total_weight : g).neg();
+    grad.exp_().mul_(v.neg());                                      // -(exp(lsm) * v), [B*T, V]
+    torch::Tensor rows = grad.view({B, T, V}).narrow(1, 0, T - 1);  // [B, T-1, V]
+    rows.scatter_add_(2, safe.unsqueeze(-1), v.expand({B, T - 1, 1}));
+    grad.view({B, T, V}).select(1, T - 1).zero_();  // the last position predicts nothing
+    if (!counted.all().item<bool>()) rows.masked_fill_(counted.logical_not().unsqueeze(-1), 0);
+    return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool mean) {
+  TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(1) >= 2,
+              "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
+  return NextTokenLoss::apply(logits.contiguous(), labels, mean);
+}
+
+}  // namespace minimind

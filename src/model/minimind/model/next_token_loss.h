@@ -1,0 +1,25 @@
+// The language-model loss: cross-entropy of the logits at position t against the label at
+// t + 1 (-100: ignored), as MiniMind's cross_entropy(logits[:, :-1], labels[:, 1:]) —
+// without shifting the logits.
+//
+// Why not call cross_entropy on logits[:, :-1]: the slice is not contiguous, so its reshape
+// copies the [B, T-1, V] logits, and its backward zeroes a [B, T, V] gradient to fill all
+// but the last position; nll_loss's backward zeroes another [B, T-1, V] one-hot gradient
+// that log_softmax's backward then reads. Here log_softmax runs over every position (each
+// row on its own, so the rows are the same), nll_loss over the picked log-probabilities
+// (the same values in the same order, so the same sum), and the backward writes the
+// gradient once, in place of the saved log-probabilities: exp(lsm) * -v, plus v at each
+// label, v = -grad / count. Those are log_softmax's and nll_loss's backward formulas, so
+// the loss and the gradient are the numbers the sliced form gives (tested bitwise).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace minimind {
+
+// logits: [B, T, V] float; labels: [B, T] int64. Returns the mean over the counted
+// positions (mean = true) or their sum (evaluation).
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels,
+                              bool mean = true);
+
+}  // namespace minimind
