@@ -69,6 +69,27 @@ TEST(Rope, RotatesDimensionPairsHalfAWidthApartByPositionTimesFrequency) {
   EXPECT_TRUE(torch::equal(tail, y.narrow(1, 5, 3)));
 }
 
+// apply_rotary computes the rotation half by half, with a backward of its own; it must give
+// the numbers of the plain rotate-half form (MiniMind's) and of autograd through it, bitwise.
+TEST(Rope, EqualsTheRotateHalfFormAndItsAutogradBitForBit) {
+  const RotaryTables t = make_rotary_tables(32, 64, 1e6);
+  torch::manual_seed(3);
+  const torch::Tensor base = torch::randn({2, 16, 4, 32});  // [B, T, heads, d]
+  const torch::Tensor cos = t.cos.narrow(0, 7, 16), sin = t.sin.narrow(0, 7, 16);
+  const torch::Tensor a = base.clone().requires_grad_(), b = base.clone().requires_grad_();
+  const torch::Tensor rotated = torch::cat({-a.narrow(-1, 16, 16), a.narrow(-1, 0, 16)}, -1);
+  const torch::Tensor want = a * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+  const torch::Tensor got = apply_rotary(b, cos, sin);
+  EXPECT_TRUE(torch::equal(got, want));
+  const torch::Tensor g = torch::randn_like(base);
+  want.backward(g);
+  got.backward(g);
+  EXPECT_TRUE(torch::equal(b.grad(), a.grad()))
+      << "max |difference| " << (b.grad() - a.grad()).abs().max().item<float>();
+  // The backward is the rotation's transpose: rotating back by the same angles.
+  EXPECT_TRUE(torch::allclose(b.grad(), apply_rotary(g, cos, -sin), 0, 0));
+}
+
 namespace {
 
 // Attention with hidden 8, 4 query heads and 2 kv heads of width 2 (query heads 0, 1 share
