@@ -90,6 +90,33 @@ TEST(Rope, EqualsTheRotateHalfFormAndItsAutogradBitForBit) {
   EXPECT_TRUE(torch::allclose(b.grad(), apply_rotary(g, cos, -sin), 0, 0));
 }
 
+// Attention in query blocks (the future keys of a block never scored) against the whole
+// masked square (block >= T, MiniMind's form): the same outputs and gradients within float
+// rounding (each softmax row sums fewer zeros), for a T that is not a multiple of the block.
+TEST(Attention, QueryBlocksEqualTheWholeMaskedSquare) {
+  torch::manual_seed(9);
+  const int64_t B = 2, T = 150, heads = 4, kv = 2, d = 16;
+  const torch::Tensor q0 = torch::randn({B, T, heads, d}), k0 = torch::randn({B, T, kv, d});
+  const torch::Tensor v0 = torch::randn({B, T, kv, d}), g = torch::randn({B, T, heads * d});
+  std::vector<torch::Tensor> out, grads;
+  for (const int64_t block : {T, int64_t{64}, int64_t{1}}) {
+    torch::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_();
+    torch::Tensor v = v0.clone().requires_grad_();
+    out.push_back(causal_attention(q, k, v, block, 0.0, true));
+    out.back().backward(g);
+    grads.push_back(torch::cat({q.grad().reshape(-1), k.grad().reshape(-1), v.grad().reshape(-1)}));
+  }
+  for (size_t i = 1; i < out.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(out[i], out[0], 1e-5, 1e-6))
+        << "max |difference| " << (out[i] - out[0]).abs().max().item<float>();
+    EXPECT_TRUE(torch::allclose(grads[i], grads[0], 1e-5, 1e-6))
+        << "max |difference| " << (grads[i] - grads[0]).abs().max().item<float>();
+  }
+  // Position 0 sees only itself: query heads 0 and 1 (kv head 0) return its value.
+  EXPECT_TRUE(torch::allclose(out[1][0][0].narrow(0, 0, d), v0[0][0][0], 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(out[1][0][0].narrow(0, d, d), v0[0][0][0], 1e-6, 1e-6));
+}
+
 namespace {
 
 // Attention with hidden 8, 4 query heads and 2 kv heads of width 2 (query heads 0, 1 share

@@ -45,6 +45,51 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg)
   k_norm = register_module("k_norm", RMSNorm(head_dim_, cfg.rms_norm_eps));
 }
 
+namespace {
+
+// Softmax over the last axis in float32 as MiniMind (float64 models stay in float64).
+torch::Tensor attention_probs(const torch::Tensor& scores, double dropout, bool training) {
+  const auto type = scores.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
+  return torch::dropout(torch::softmax(scores.to(type), -1).to(scores.scalar_type()), dropout,
+                        training);
+}
+
+}  // namespace
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t block, double dropout,
+                               bool training) {
+  const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
+  const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
+  const double scale = std::sqrt(static_cast<double>(d));
+  // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
+  // ordered (position, head), so a block of positions is a contiguous range of rows.
+  const torch::Tensor qg = q.view({B, T, kv, rep, d})
+                               .permute({0, 2, 1, 3, 4})
+                               .reshape({B, kv, T * rep, d});                // [B, kv, T*rep, d]
+  const torch::Tensor kt = k.permute({0, 2, 3, 1}), vt = v.transpose(1, 2);  // [B, kv, d|T, T|d]
+  // The diagonal block's mask: row (t, r) hides keys after t. The same for every block
+  // (a shorter last block takes its top-left corner).
+  block = std::min(block, T);
+  const torch::Tensor pos = torch::arange(block, torch::kLong);
+  const torch::Tensor diagonal_mask = torch::zeros({block, block}, q.options())
+                                          .masked_fill_(pos.unsqueeze(0) > pos.unsqueeze(1),
+                                                        -std::numeric_limits<double>::infinity())
+                                          .repeat_interleave(rep, 0);  // [block*rep, block]
+  std::vector<torch::Tensor> outs;
+  for (int64_t t0 = 0; t0 < T; t0 += block) {
+    const int64_t n = std::min(block, T - t0), end = t0 + n;  // queries [t0, end)
+    torch::Tensor scores = torch::matmul(qg.narrow(2, t0 * rep, n * rep), kt.narrow(3, 0, end)) /
+                           scale;  // [B, kv, n*rep, end]
+    torch::Tensor mask = diagonal_mask.narrow(0, 0, n * rep).narrow(1, 0, n);
+    if (t0 > 0) mask = torch::cat({torch::zeros({n * rep, t0}, mask.options()), mask}, 1);
+    torch::Tensor probs = attention_probs(scores + mask, dropout, training);
+    outs.push_back(torch::matmul(probs, vt.narrow(2, 0, end)));  // [B, kv, n*rep, d]
+  }
+  torch::Tensor out = outs.size() == 1 ? outs[0] : torch::cat(outs, 2);  // [B, kv, T*rep, d]
+  return out.view({B, kv, T, rep, d}).permute({0, 2, 1, 3, 4}).reshape({B, T, heads * d});
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                      LayerKVCache* cache) {
   const int64_t B = x.size(0), T = x.size(1);
@@ -61,31 +106,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
   if (cache) std::tie(k, v) = cache->append(k, v);
-  const int64_t S = k.size(1);  // keys visible: past + T
-
-  // GQA without materialising repeated k/v: query head j uses kv head j / rep, so the
-  // rep query heads of one kv head are stacked along the row axis of one matmul.
-  torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
-  torch::Tensor kt = k.permute({0, 2, 3, 1});  // [B, kv, d, S]
-  torch::Tensor scores = torch::matmul(qg, kt) / std::sqrt(static_cast<double>(head_dim_));
-  scores = scores.view({B, kv_heads_, rep, T, S});  // [B, kv, rep, T, S]
-
-  // Causal mask: query i (absolute position past + i) sees keys 0..past + i; a single
-  // query (a generated token) sees every key, so it needs none.
-  if (T > 1) {
-    torch::Tensor mask =
-        torch::full({T, S}, -std::numeric_limits<float>::infinity(), scores.options())
-            .triu(past + 1);
-    scores = scores + mask;
+  torch::Tensor out;  // [B, T, h*d]
+  if (past == 0) {
+    out = causal_attention(q, k, v, kAttentionBlock, dropout_, is_training());
+  } else {
+    // Queries after cached positions (generation): query i (absolute position past + i)
+    // sees keys 0..past + i; a single query (a generated token) sees every key.
+    const int64_t S = k.size(1);  // keys visible: past + T
+    torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
+    torch::Tensor scores = torch::matmul(qg, k.permute({0, 2, 3, 1})) /
+                           std::sqrt(static_cast<double>(head_dim_));  // [B, kv, rep*T, S]
+    if (T > 1)
+      scores =
+          scores + torch::full({T, S}, -std::numeric_limits<float>::infinity(), scores.options())
+                       .triu(past + 1)
+                       .repeat({rep, 1});
+    torch::Tensor probs = attention_probs(scores, dropout_, is_training());
+    out = torch::matmul(probs, v.transpose(1, 2));  // [B, kv, rep*T, d]
+    out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
   }
-  // Softmax in float32 as MiniMind (float64 models stay in float64).
-  const auto softmax_type = q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat32;
-  torch::Tensor probs = torch::softmax(scores.to(softmax_type), -1).to(q.scalar_type());
-  probs = torch::dropout(probs, dropout_, is_training());
-
-  torch::Tensor out = torch::matmul(probs.view({B, kv_heads_, rep * T, S}),
-                                    v.transpose(1, 2));  // [B, kv, rep*T, d]
-  out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
   return torch::dropout(project(out, o_proj->weight), dropout_, is_training());  // [B, T, H]
 }
 

@@ -27,6 +27,19 @@ class LayerKVCache {
   int64_t length_ = 0;
 };
 
+// Causal attention of T queries over the same T positions (no cache before them), in
+// query blocks of `block` positions: block b's queries see keys [0, end of b), so the
+// scores above the diagonal blocks (future keys) are never computed; only the diagonal
+// blocks need a mask. block >= T is the whole masked square, as MiniMind computes it.
+// q: [B, T, heads, d], k and v: [B, T, kv_heads, d] -> [B, T, heads * d].
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t block, double dropout,
+                               bool training);
+
+// Query block of causal_attention in training and evaluation (T = 256: 4 blocks, 10/16 of
+// the square computed).
+constexpr int64_t kAttentionBlock = 64;
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& cfg);
