@@ -133,6 +133,7 @@ int compare_variants(const minimind::Config& base, const std::vector<std::string
 }  // namespace
 
 int main(int argc, char** argv) {
+  minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
   CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
   std::string preset = "moe-top1";
   int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
@@ -270,16 +271,17 @@ int main(int argc, char** argv) {
           "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, "
           "\"opt_ms\": {:.1f}, "
           "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": "
-          "{:.1f}}}\n",
+          "{:.1f}, \"blas_core\": \"{}\"}}\n",
           preset, nlohmann::json(sets).dump(), n_threads, tok_s, *lo, *hi, 1e3 * step,
-          1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim), rss_mb, mfu, peak, gen_s);
+          1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim), rss_mb, mfu, peak, gen_s,
+          blas_core_name());
     } else {
       std::cout << fmt::format(
           "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "
           "opt {:.0f} | "
-          "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s | generation {:.0f} tok/s\n",
+          "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s ({}) | generation {:.0f} tok/s\n",
           preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-          1e3 * median(optim), rss_mb, 100 * mfu, peak, gen_s);
+          1e3 * median(optim), rss_mb, 100 * mfu, peak, blas_core_name(), gen_s);
     }
     return 0;
   });

@@ -199,7 +199,8 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  minimind::tune_malloc();  // before the first large tensor
+  minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
+  minimind::tune_malloc();                      // before the first large tensor
   CLI::App app{
       "minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
   Args a;

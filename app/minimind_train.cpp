@@ -64,7 +64,8 @@ void install_stop_handlers() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  minimind::tune_malloc();  // before the first large tensor
+  minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
+  minimind::tune_malloc();                      // before the first large tensor
   CLI::App app{"minimind-train: train a MiniMind language model (dense or MoE) from a YAML config"};
   std::string config_path;
   std::vector<std::string> overrides;

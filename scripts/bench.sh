@@ -12,11 +12,15 @@ REPEATS=${3:-3}
 bash scripts/build.sh >/dev/null
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
+# The reference gets the OpenBLAS kernels the C++ side runs with: minimind-bench sets
+# OPENBLAS_CORETYPE when OpenBLAS does not know the CPU (blas_check.h), and a PyTorch user at
+# their best would set it too.
 for preset in dense moe-top1 moe-top2; do
   for r in $(seq 1 "$REPEATS"); do
     ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" --json >> "$OUT"
-    /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
-    /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind >> "$OUT"
+    CORE=$(tail -1 "$OUT" | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["blas_core"])')
+    OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
+    OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind >> "$OUT"
   done
 done
 /usr/bin/python3 - "$OUT" "$THREADS" "$REPEATS" <<'PY'
@@ -24,6 +28,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32; "
       f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
+print("OpenBLAS kernels: " + ", ".join(sorted({f"{r['impl']} {r['blas_core']}" for r in rows})))
 print(f"{'preset':9} {'impl':16} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
 res = {}
 for preset in ["dense", "moe-top1", "moe-top2"]:

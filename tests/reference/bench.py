@@ -28,6 +28,15 @@ def set_blas_threads(n):
         pass
 
 
+def blas_core():
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except OSError:
+        return ""
+
+
 def peak_gflops(n=1536):
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
@@ -89,7 +98,8 @@ def main():
         "fwd_ms": round(1e3 * median(fwd), 1), "bwd_ms": round(1e3 * median(bwd), 1),
         "opt_ms": round(1e3 * median(optim), 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "mfu": round(tok_s * flops / (peak * 1e9), 4), "peak_gflops": round(peak, 1), "gen_tok_s": None}))
+        "mfu": round(tok_s * flops / (peak * 1e9), 4), "peak_gflops": round(peak, 1), "gen_tok_s": None,
+        "blas_core": blas_core()}))
 
 
 if __name__ == "__main__":

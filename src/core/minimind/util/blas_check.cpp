@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
@@ -33,6 +34,44 @@ std::string blas_core_name() {
   using CoreName = char* (*)();
   auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   return fn ? fn() : "";
+}
+
+namespace {
+
+// OpenBLAS's kernel sets older than AVX (what 0.3.21 picks for a CPU it does not know).
+bool pre_avx_kernels(const std::string& core) {
+  for (const char* name : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+                           "Coppermine", "Northwood", "Banias"})
+    if (core == name) return true;
+  return false;
+}
+
+constexpr const char* kChangedVar = "MINIMIND_BLAS_KERNELS_CHANGED";
+
+}  // namespace
+
+void use_kernels_fitting_the_cpu(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice, or ours after the exec
+  const std::string core = blas_core_name();
+  if (!pre_avx_kernels(core)) return;
+  const char* better = nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    better = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    better = "Haswell";
+  if (!better) return;
+  setenv("OPENBLAS_CORETYPE", better, 1);
+  setenv(kChangedVar, (core + " -> " + better).c_str(), 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the kernels we have
+  unsetenv(kChangedVar);
+}
+
+std::string blas_kernels_changed() {
+  const char* changed = std::getenv(kChangedVar);
+  return changed ? changed : "";
 }
 
 bool set_blas_threads(int n) {

@@ -22,6 +22,19 @@ std::string loaded_blas_library();
 // another BLAS). Different kernels sum in different orders: results agree to rounding only.
 std::string blas_core_name();
 
+// OpenBLAS 0.3.21 (Debian 12) does not know newer CPUs (Sapphire Rapids: family 6 model
+// 143) and falls back to its Prescott kernels (SSE3): fp32 GEMMs ran at ~30 GFLOP/s per core
+// on such a machine here, ~208 with its SkylakeX (AVX-512) kernels. The core type is chosen
+// when the library loads, so the only way to change it is the OPENBLAS_CORETYPE variable
+// before the process starts: when OpenBLAS chose a pre-AVX kernel set on a CPU with AVX2
+// (AVX-512), this sets OPENBLAS_CORETYPE=Haswell (SkylakeX) and re-executes the program
+// with the same arguments. A variable set by the user is kept. Call first thing in main.
+void use_kernels_fitting_the_cpu(char** argv);
+
+// After use_kernels_fitting_the_cpu re-executed the program: what it changed ("Prescott ->
+// SkylakeX"), for the log; "" otherwise.
+std::string blas_kernels_changed();
+
 // Sets OpenBLAS's own thread count (no-op for another BLAS); returns false if the loaded
 // BLAS has no such control.
 bool set_blas_threads(int n);

@@ -100,6 +100,11 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
         "optimised BLAS (`apt-get install libopenblas0-pthread`; scripts/install-deps.sh "
         "does): training will be ~20x slower.",
         blas.gflops, blas.library, kMinSaneGflops);
+  if (const std::string changed = blas_kernels_changed(); !changed.empty() && main_rank)
+    log.info(
+        "OpenBLAS kernels {} (it does not know this CPU; set OPENBLAS_CORETYPE to choose): "
+        "matmul {:.0f} GFLOP/s",
+        changed, blas.gflops);
 
   // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
   // (torch's default generator, whose state the checkpoints carry).
