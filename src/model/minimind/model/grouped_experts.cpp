@@ -27,12 +27,13 @@ struct GroupedSwiGLU : torch::autograd::Function<GroupedSwiGLU> {
       mm_into(rows.narrow(1, I, I), x, weights[3 * e + 1].t());
     }
     const torch::Tensor g = gu.narrow(1, 0, I), u = gu.narrow(1, I, I);  // [M, I] each
-    torch::Tensor a = torch::silu(g) * u;                                // [M, I]
-    torch::Tensor y = torch::empty({M, H}, xs.options());                // [M, H]
+    const torch::Tensor silu_g = torch::silu(g);           // [M, I], kept: the backward needs it
+    torch::Tensor a = silu_g * u;                          // [M, I]
+    torch::Tensor y = torch::empty({M, H}, xs.options());  // [M, H]
     for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e)
       if (counts[e] > 0)
         mm_into(y.narrow(0, off, counts[e]), a.narrow(0, off, counts[e]), weights[3 * e + 2].t());
-    ctx->save_for_backward({xs, gu, a});
+    ctx->save_for_backward({xs, gu, a, silu_g});
     ctx->saved_data["counts"] = counts;
     ctx->saved_data["weights"] = weights.vec();
     return y;
@@ -40,7 +41,7 @@ struct GroupedSwiGLU : torch::autograd::Function<GroupedSwiGLU> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &xs = saved[0], &gu = saved[1], &a = saved[2];
+    const torch::Tensor &xs = saved[0], &gu = saved[1], &a = saved[2], &silu_g = saved[3];
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const variable_list weights = ctx->saved_data["weights"].toTensorVector();
     const torch::Tensor gy = grad_out[0].contiguous();  // [M, H]
@@ -61,7 +62,7 @@ struct GroupedSwiGLU : torch::autograd::Function<GroupedSwiGLU> {
     torch::Tensor dgu = torch::empty_like(gu);  // [M, 2I] = [d/dg | d/du]
     torch::Tensor dg = dgu.narrow(1, 0, I), du = dgu.narrow(1, I, I);
     at::silu_backward_out(dg, ga * u, g);
-    at::mul_out(du, ga, torch::silu(g));
+    at::mul_out(du, ga, silu_g);
     torch::Tensor gx = torch::empty_like(xs), gx_up = torch::empty_like(xs);  // [M, H]
     for (int64_t e = 0, off = 0; e < E; off += counts[e], ++e) {
       if (counts[e] == 0) {  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
