@@ -370,6 +370,55 @@ TEST(Evaluator, EvaluatesAtStartIntervalsAndEndWithTheValidationLoss) {
   EXPECT_EQ(evaluator.last_loss(), direct.loss);
 }
 
+// FusedAdamW's one-pass update against torch's AdamW on the same float32 tensors and
+// gradients, 20 steps with weight decay and a changing learning rate: the weights and both
+// moments agree to a few float ulps (torch's add with alpha may use a fused multiply-add
+// where the fused loop rounds twice). A float64 tensor takes torch's own ops: bitwise.
+TEST(FusedAdamW, FollowsTorchsAdamW) {
+  torch::manual_seed(4);
+  TrainConfig tc;
+  tc.weight_decay = 0.1;
+  for (const auto type : {torch::kFloat32, torch::kFloat64}) {
+    const torch::Tensor init = torch::randn({1000, 37}, type);  // numel not a multiple of 16
+    torch::Tensor a = init.clone().requires_grad_(), b = init.clone().requires_grad_();
+    auto fused = make_optimizer({a}, tc);
+    auto options = torch::optim::AdamWOptions(tc.learning_rate)
+                       .betas({tc.beta1, tc.beta2})
+                       .eps(tc.eps)
+                       .weight_decay(tc.weight_decay);
+    torch::optim::AdamW reference({b}, options);
+    for (int step = 1; step <= 20; ++step) {
+      const torch::Tensor g = torch::randn_like(init) * (step % 3 == 0 ? 1e-9 : 1.0);
+      a.mutable_grad() = g.clone(), b.mutable_grad() = g.clone();
+      for (auto* opt : {static_cast<torch::optim::AdamW*>(fused.get()), &reference})
+        static_cast<torch::optim::AdamWOptions&>(opt->param_groups()[0].options()).lr(1e-3 * step);
+      fused->step();
+      reference.step();
+    }
+    const auto moments = [](torch::optim::AdamW& opt, const torch::Tensor& p) {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(
+          *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+      EXPECT_EQ(st.step(), 20);
+      return std::make_pair(st.exp_avg(), st.exp_avg_sq());
+    };
+    const auto [ma, va] = moments(*fused, a);
+    const auto [mb, vb] = moments(reference, b);
+    if (type == torch::kFloat64) {
+      EXPECT_TRUE(torch::equal(a, b));
+      EXPECT_TRUE(torch::equal(ma, mb) && torch::equal(va, vb));
+    } else {
+      EXPECT_TRUE(torch::allclose(a, b, 1e-6, 1e-7))
+          << "max |difference| " << (a - b).abs().max().item<float>();
+      // Moments of gradients ~1: a float ulp near 1 is 6e-8, and m cancels towards 0.
+      EXPECT_TRUE(torch::allclose(ma, mb, 1e-6, 1e-7))
+          << "max |difference| " << (ma - mb).abs().max().item<float>();
+      EXPECT_TRUE(torch::allclose(va, vb, 1e-6, 1e-7))
+          << "max |difference| " << (va - vb).abs().max().item<float>();
+      EXPECT_FALSE(torch::equal(a, init));  // it did move
+    }
+  }
+}
+
 TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {
   const std::string dir = temp_dir("checkpointer");
   const Config cfg = tiny_config(dir, {"train.checkpoint_interval=4", "train.keep_checkpoints=5"});

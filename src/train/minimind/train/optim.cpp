@@ -1,5 +1,8 @@
 #include "minimind/train/optim.h"
 
+#include <cmath>
+#include <string>
+
 namespace minimind {
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Tensor>& params,
@@ -8,7 +11,87 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Ten
                      .betas({cfg.beta1, cfg.beta2})
                      .eps(cfg.eps)
                      .weight_decay(cfg.weight_decay);
-  return std::make_unique<torch::optim::AdamW>(params, options);
+  return std::make_unique<FusedAdamW>(params, options);
+}
+
+namespace {
+
+// One AdamW update of n floats, in torch's order of operations and float roundings:
+// p *= decay; m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
+// p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into fused multiply-adds
+// is off so every machine rounds the same; the loop vectorises (AVX2 where the CPU has it).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
+    float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+    int64_t n, float decay, float b1, float one_minus_b1, float b2, float one_minus_b2,
+    float sqrt_bc2, float eps, float neg_step_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float pi = p[i] * decay;
+    const float mi = m[i] * b1 + one_minus_b1 * gi;
+    const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
+    const float denom = std::sqrt(vi) / sqrt_bc2 + eps;
+    m[i] = mi, v[i] = vi;
+    p[i] = pi + neg_step_size * mi / denom;
+  }
+}
+#pragma GCC pop_options
+
+}  // namespace
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    TORCH_CHECK(!o.amsgrad(), "FusedAdamW has no AMSGrad");
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const torch::Tensor& grad = p.grad();
+      const bool fusable = p.scalar_type() == torch::kFloat32 &&
+                           grad.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
+                           grad.is_contiguous() && !grad.is_sparse();
+      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto found = state().find(key);
+      if (found == state().end()) {  // as torch: zero moments, step 0
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        found = state().emplace(key, std::move(fresh)).first;
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      st.step(st.step() + 1);
+      const auto [beta1, beta2] = o.betas();
+      const double bias_correction1 = 1 - std::pow(beta1, st.step());
+      const double bias_correction2 = 1 - std::pow(beta2, st.step());
+      const double step_size = o.lr() / bias_correction1;
+      if (!fusable || !st.exp_avg().is_contiguous() || !st.exp_avg_sq().is_contiguous()) {
+        // torch's AdamW step, op for op (a float64 model, an odd layout).
+        if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+        st.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+        st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+        const torch::Tensor denom =
+            (st.exp_avg_sq().sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
+        p.addcdiv_(st.exp_avg(), denom, -step_size);
+        continue;
+      }
+      // The scalars as torch's ops receive them: doubles cast to the tensor's float.
+      adamw_update(p.data_ptr<float>(), grad.data_ptr<float>(), st.exp_avg().data_ptr<float>(),
+                   st.exp_avg_sq().data_ptr<float>(), p.numel(),
+                   static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1),
+                   static_cast<float>(beta1), static_cast<float>(1 - beta1),
+                   static_cast<float>(beta2), static_cast<float>(1 - beta2),
+                   static_cast<float>(std::sqrt(bias_correction2)), static_cast<float>(o.eps()),
+                   static_cast<float>(-step_size));
+    }
+  }
+  return loss;
 }
 
 void fill_missing_gradients(const std::vector<torch::Tensor>& params) {
