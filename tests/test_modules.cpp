@@ -9,6 +9,8 @@
 
 #include "minimind/config.h"
 #include "minimind/model/attention.h"
+#include "minimind/model/feed_forward.h"
+#include "minimind/model/grouped_experts.h"
 #include "minimind/model/moe_feed_forward.h"
 #include "minimind/model/next_token_loss.h"
 #include "minimind/model/rms_norm.h"
@@ -309,6 +311,48 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
           << "max |difference| " << (a.grad() - b.grad()).abs().max().item<float>();
       EXPECT_TRUE(b.grad().select(1, T - 1).eq(0).all().item<bool>());  // predicts nothing
       EXPECT_TRUE(b.grad()[1][3].eq(0).all().item<bool>());             // its label is ignored
+    }
+  }
+}
+
+// The routed experts as one node (grouped_experts) against each expert's FeedForward on its
+// rows through autograd: outputs, input and weight gradients within float rounding (the
+// GEMMs write into column ranges of shared buffers, for which OpenBLAS may pick other
+// kernels at these small sizes; the SwiGLU backward is one pass of its own), an idle
+// expert's gradients zero.
+TEST(GroupedExperts, EqualEachExpertThroughAutograd) {
+  torch::manual_seed(12);
+  const int64_t H = 24, I = 40;
+  const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
+  std::vector<FeedForward> a, b;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    a.emplace_back(H, I), b.emplace_back(H, I);
+    for (auto& p : a.back()->parameters()) p.data().normal_(0.0, 0.3);
+    auto pa = a.back()->parameters(), pb = b.back()->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) pb[i].data().copy_(pa[i].data());
+  }
+  const torch::Tensor x0 = torch::randn({17, H}), g = torch::randn({17, H});
+  torch::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+  std::vector<torch::Tensor> parts;
+  for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e)
+    if (counts[e] > 0) parts.push_back(a[e](xa.narrow(0, off, counts[e])));
+  const torch::Tensor want = torch::cat(parts);
+  const torch::Tensor got = grouped_experts(xb, counts, b);
+  EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
+      << "max |difference| " << (got - want).abs().max().item<float>();
+  want.backward(g);
+  got.backward(g);
+  EXPECT_TRUE(torch::allclose(xb.grad(), xa.grad(), 1e-6, 1e-6))
+      << "max |difference| " << (xb.grad() - xa.grad()).abs().max().item<float>();
+  for (size_t e = 0; e < counts.size(); ++e) {
+    auto pa = a[e]->parameters(), pb = b[e]->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      if (counts[e] == 0) {
+        EXPECT_TRUE(pb[i].grad().eq(0).all().item<bool>());
+        continue;
+      }
+      EXPECT_TRUE(torch::allclose(pb[i].grad(), pa[i].grad(), 1e-6, 1e-6))
+          << "expert " << e << " weight " << i;
     }
   }
 }
