@@ -74,6 +74,12 @@ std::string blas_kernels_changed() {
   return changed ? changed : "";
 }
 
+int blas_threads() {
+  using GetThreads = int (*)();
+  auto fn = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return fn ? fn() : 0;
+}
+
 bool set_blas_threads(int n) {
   using SetThreads = void (*)(int);
   auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));

@@ -35,6 +35,9 @@ void use_kernels_fitting_the_cpu(char** argv);
 // SkylakeX"), for the log; "" otherwise.
 std::string blas_kernels_changed();
 
+// OpenBLAS's own thread count now (0 for another BLAS).
+int blas_threads();
+
 // Sets OpenBLAS's own thread count (no-op for another BLAS); returns false if the loaded
 // BLAS has no such control.
 bool set_blas_threads(int n);

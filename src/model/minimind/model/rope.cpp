@@ -61,6 +61,8 @@ struct Rotary : torch::autograd::Function<Rotary> {
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
                            const torch::Tensor& sin) {
+  if (!torch::GradMode::is_enabled() || !x.requires_grad())  // generation: no node
+    return Rotary::rotate(x, cos, sin, 1);
   return Rotary::apply(x, cos, sin);
 }
 
