@@ -1,5 +1,7 @@
 #include "minimind/model/grouped_experts.h"
 
+#include "minimind/util/cpu_clones.h"
+
 namespace minimind {
 
 namespace {
@@ -15,12 +17,13 @@ void mm_into(torch::Tensor out, const torch::Tensor& a, const torch::Tensor& b) 
 // d/dg = (ga * u) * s * (1 + g * (1 - s)) with s = sigmoid(g) (SiluBackward's formula),
 // d/du = ga * silu(g), in one pass over the rows (three passes and a temporary as ATen ops);
 // g, u, dg, du are column ranges of [M, 2I] buffers. No fused multiply-adds.
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void swiglu_backward_rows(
-    const float* __restrict ga, const float* __restrict g, const float* __restrict u,
-    const float* __restrict sig, const float* __restrict silu_g, float* __restrict dg,
-    float* __restrict du, int64_t M, int64_t I, int64_t stride) {
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict g,
+                                              const float* __restrict u,
+                                              const float* __restrict sig,
+                                              const float* __restrict silu_g, float* __restrict dg,
+                                              float* __restrict du, int64_t M, int64_t I,
+                                              int64_t stride) {
   for (int64_t m = 0; m < M; ++m) {
     const float *ga_m = ga + m * I, *s_m = sig + m * I, *silu_m = silu_g + m * I;
     const float *g_m = g + m * stride, *u_m = u + m * stride;
@@ -32,7 +35,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void swiglu_backward
     }
   }
 }
-#pragma GCC pop_options
+MINIMIND_NO_FMA_END
 
 // ga, silu_g: [M, I]; g, u, dg, du: [M, I] views with a row stride (columns of gu / dgu).
 void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torch::Tensor& u,

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "minimind/util/cpu_clones.h"
+
 namespace minimind {
 
 namespace {
@@ -23,12 +25,12 @@ torch::Tensor plain_rms_norm(const torch::Tensor& x, const torch::Tensor& weight
 //   gn = g * w,  dL/dx = gn * r - x * (r^3 / H) * sum(gn * x),  dL/dw += g * (x * r).
 // sum(gn * x) in 16 partial sums (so the loop vectorises), dw per column in double over
 // the rows. No fused multiply-adds: every machine rounds alike.
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
+MINIMIND_NO_FMA_BEGIN
 template <typename T>
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void rms_norm_backward_rows(
-    const T* __restrict x, const T* __restrict r, const T* __restrict g, const T* __restrict w,
-    T* __restrict dx, double* __restrict dw, int64_t rows, int64_t H) {
+MINIMIND_CPU_CLONES void rms_norm_backward_rows(const T* __restrict x, const T* __restrict r,
+                                                const T* __restrict g, const T* __restrict w,
+                                                T* __restrict dx, double* __restrict dw,
+                                                int64_t rows, int64_t H) {
   constexpr int64_t kLanes = 16;
   for (int64_t i = 0; i < rows; ++i) {
     const T* xi = x + i * H;
@@ -49,7 +51,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void rms_norm_backwa
     }
   }
 }
-#pragma GCC pop_options
+MINIMIND_NO_FMA_END
 
 struct FusedRMSNorm : torch::autograd::Function<FusedRMSNorm> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,

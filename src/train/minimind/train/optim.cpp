@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "minimind/util/cpu_clones.h"
+
 namespace minimind {
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Tensor>& params,
@@ -20,12 +22,12 @@ namespace {
 // p *= decay; m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
 // p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into fused multiply-adds
 // is off so every machine rounds the same; the loop vectorises (AVX2 where the CPU has it).
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
-    float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-    int64_t n, float decay, float b1, float one_minus_b1, float b2, float one_minus_b2,
-    float sqrt_bc2, float eps, float neg_step_size) {
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g,
+                                      float* __restrict m, float* __restrict v, int64_t n,
+                                      float decay, float b1, float one_minus_b1, float b2,
+                                      float one_minus_b2, float sqrt_bc2, float eps,
+                                      float neg_step_size) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
     const float pi = p[i] * decay;
@@ -36,7 +38,7 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void adamw_update(
     p[i] = pi + neg_step_size * mi / denom;
   }
 }
-#pragma GCC pop_options
+MINIMIND_NO_FMA_END
 
 }  // namespace
 

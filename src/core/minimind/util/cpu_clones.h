@@ -1,0 +1,18 @@
+// The hand-written loops (fused AdamW, RMSNorm and SwiGLU backwards) are compiled twice by
+// GCC, for x86-64-v3 (AVX2) and for the baseline, and the CPU picks at load time
+// (target_clones). They must round alike on every machine, so GCC may not contract a
+// product and a sum into a fused multiply-add there: the files wrap the loops in
+//   MINIMIND_NO_FMA_BEGIN ... MINIMIND_NO_FMA_END.
+// Clang (the fuzz and sanitizer builds) gets the baseline only, which has no FMA.
+#pragma once
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define MINIMIND_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MINIMIND_NO_FMA_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
+#define MINIMIND_NO_FMA_END _Pragma("GCC pop_options")
+#else
+#define MINIMIND_CPU_CLONES
+#define MINIMIND_NO_FMA_BEGIN
+#define MINIMIND_NO_FMA_END
+#endif
