@@ -29,7 +29,6 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
     ctx->save_for_backward({lsm, safe, counted, total_weight});
     ctx->saved_data["mean"] = mean;
-    ctx->saved_data["shape"] = logits.sizes().vec();
     return loss;
   }
 
@@ -37,8 +36,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     const variable_list saved = ctx->get_saved_variables();
     torch::Tensor grad = saved[0];  // the log-probabilities, overwritten: not needed again
     const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
-    const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
-    const int64_t B = shape[0], T = shape[1], V = shape[2];
+    const int64_t B = safe.size(0), T = safe.size(1) + 1, V = grad.size(1);
     // nll_loss's backward puts v = -(grad / total weight) (mean) or -grad (sum) at each
     // label; log_softmax's turns that row into v * onehot - exp(lsm) * v.
     const torch::Tensor g = grad_out[0];
