@@ -514,6 +514,28 @@ TEST(Commands, StdoutCarriesOnlyData) {
   EXPECT_GT(fs::file_size(dir + "/trace.json"), 0u);
 }
 
+// OpenBLAS 0.3.21 falls back to its SSE3 kernels on CPUs it does not know (this project's
+// VM on 2026-12-01); the tools then restart themselves with OPENBLAS_CORETYPE set
+// (blas_check.h). A user's OPENBLAS_CORETYPE is kept.
+TEST(BlasKernels, ToolsRunKernelsFittingTheCpuAndKeepAUsersChoice) {
+  const std::string dir = test::temp_dir("kernels");
+  auto core_of = [&](const std::string& env) {
+    const std::string cmd = "env -u OPENBLAS_CORETYPE " + env + " " + MINIMIND_BENCH_BIN +
+                            " --json --preset dense --steps 1 --warmup 0 > " + dir +
+                            "/b.json 2>/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return nlohmann::json::parse(test::read_text(dir + "/b.json"))
+        .at("blas_core")
+        .get<std::string>();
+  };
+  EXPECT_EQ(core_of("OPENBLAS_CORETYPE=Prescott"), "Prescott");
+  const std::string own = core_of("");
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    for (const char* pre_avx : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom"})
+      EXPECT_NE(own, pre_avx) << "pre-AVX OpenBLAS kernels on a CPU with AVX2";
+}
+
 TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
   // The tiny model reads at most 128 positions: a longer prompt is refused with a reason.
   std::string prompt;
