@@ -3,15 +3,21 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "minimind/config.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/blas_tasks.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -259,4 +265,53 @@ TEST(Blas, OptimisedBlasIsLoaded) {
   // installs OpenBLAS, which the alternatives system then puts behind libblas.so.3.
   const std::string lib = loaded_blas_library();
   EXPECT_NE(lib.find("openblas"), std::string::npos) << "libblas.so.3 resolves to " << lib;
+}
+
+// run_blas_tasks: every task once, on two threads when OpenBLAS has two (one of them the
+// caller's), OpenBLAS at one thread meanwhile and its count restored; the caller's grad
+// mode reaches the helper; a task's exception comes back to the caller; serial when told.
+TEST(BlasTasks, RunEachTaskOnceSideBySideAndRethrowAFailure) {
+  const int before = blas_threads();
+  ASSERT_TRUE(set_blas_threads(2));
+  std::mutex m;
+  std::vector<int64_t> done;
+  std::set<std::thread::id> threads;
+  std::set<int> blas_counts;
+  std::set<bool> grad_modes;
+  const std::vector<int64_t> order{5, 3, 9, 0, 7, 1, 8, 2, 6, 4};
+  {
+    const torch::NoGradGuard no_grad;
+    run_blas_tasks(order, [&](int64_t t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // long enough for both
+      const std::lock_guard<std::mutex> lock(m);
+      done.push_back(t);
+      threads.insert(std::this_thread::get_id());
+      blas_counts.insert(blas_threads());
+      grad_modes.insert(torch::GradMode::is_enabled());
+    });
+  }
+  std::vector<int64_t> sorted = done;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(threads.size(), 2u);
+  EXPECT_TRUE(threads.count(std::this_thread::get_id()));
+  EXPECT_EQ(blas_counts, std::set<int>{1});
+  EXPECT_EQ(grad_modes, std::set<bool>{false});
+  EXPECT_EQ(blas_threads(), 2);
+
+  threads.clear();
+  run_blas_tasks(
+      order, [&](int64_t) { threads.insert(std::this_thread::get_id()); }, false);
+  EXPECT_EQ(threads, std::set<std::thread::id>{std::this_thread::get_id()});
+
+  std::atomic<int> ran{0};
+  EXPECT_THROW(run_blas_tasks(order,
+                              [&](int64_t t) {
+                                ++ran;
+                                if (t == 3) throw std::runtime_error("task 3 failed");
+                              }),
+               std::runtime_error);
+  EXPECT_GE(ran.load(), 2);
+  EXPECT_EQ(blas_threads(), 2);  // restored after the failure too
+  set_blas_threads(before);
 }

@@ -10,11 +10,12 @@
 #include "minimind/config.h"
 #include "minimind/model/attention.h"
 #include "minimind/model/feed_forward.h"
-#include "minimind/model/grouped_experts.h"
 #include "minimind/model/moe_feed_forward.h"
 #include "minimind/model/next_token_loss.h"
 #include "minimind/model/rms_norm.h"
 #include "minimind/model/rope.h"
+#include "minimind/model/routed_experts.h"
+#include "minimind/util/blas_check.h"
 
 using namespace minimind;
 
@@ -315,44 +316,65 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
   }
 }
 
-// The routed experts as one node (grouped_experts) against each expert's FeedForward on its
-// rows through autograd: outputs, input and weight gradients within float rounding (the
-// GEMMs write into column ranges of shared buffers, for which OpenBLAS may pick other
-// kernels at these small sizes; the SwiGLU backward is one pass of its own), an idle
-// expert's gradients zero.
-TEST(GroupedExperts, EqualEachExpertThroughAutograd) {
-  torch::manual_seed(12);
-  const int64_t H = 24, I = 40;
-  const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
-  std::vector<FeedForward> a, b;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    a.emplace_back(H, I), b.emplace_back(H, I);
-    for (auto& p : a.back()->parameters()) p.data().normal_(0.0, 0.3);
-    auto pa = a.back()->parameters(), pb = b.back()->parameters();
-    for (size_t i = 0; i < pa.size(); ++i) pb[i].data().copy_(pa[i].data());
-  }
-  const torch::Tensor x0 = torch::randn({17, H}), g = torch::randn({17, H});
-  torch::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
-  std::vector<torch::Tensor> parts;
-  for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e)
-    if (counts[e] > 0) parts.push_back(a[e](xa.narrow(0, off, counts[e])));
-  const torch::Tensor want = torch::cat(parts);
-  const torch::Tensor got = grouped_experts(xb, counts, b);
-  EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
-      << "max |difference| " << (got - want).abs().max().item<float>();
-  want.backward(g);
-  got.backward(g);
-  EXPECT_TRUE(torch::allclose(xb.grad(), xa.grad(), 1e-6, 1e-6))
-      << "max |difference| " << (xb.grad() - xa.grad()).abs().max().item<float>();
-  for (size_t e = 0; e < counts.size(); ++e) {
-    auto pa = a[e]->parameters(), pb = b[e]->parameters();
-    for (size_t i = 0; i < pa.size(); ++i) {
-      if (counts[e] == 0) {
-        EXPECT_TRUE(pb[i].grad().eq(0).all().item<bool>());
-        continue;
+// The routed experts as one node (routed_experts) against the plain form through autograd:
+// gather the assigned rows, each expert's FeedForward on its slice, times the routing
+// weights, index_add into the tokens. Outputs and every gradient within float rounding
+// (the GEMMs write into column ranges of shared buffers, for which OpenBLAS may pick other
+// kernels at these small sizes; the SwiGLU backward is one pass of its own); an idle
+// expert's gradients zero, a token whose slots were all dropped gets zero. With OpenBLAS on
+// 2 threads the experts run two at once. (The golden-loss test checks the bits.)
+TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
+  const int before = blas_threads();
+  set_blas_threads(2);
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    torch::manual_seed(12);
+    const int64_t N = 12, H = 24, I = 40;
+    const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
+    // Each expert's tokens, ascending; token 11 has no rows (its slots dropped).
+    const torch::Tensor token =
+        torch::tensor({0, 2, 3, 5, 8, 0, 1, 2, 4, 5, 6, 7, 9, 10, 3, 6, 8}, torch::kLong);
+    std::vector<FeedForward> a, b;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      a.emplace_back(H, I), b.emplace_back(H, I);
+      a.back()->to(dtype), b.back()->to(dtype);
+      for (auto& p : a.back()->parameters()) p.data().normal_(0.0, 0.3);
+      auto pa = a.back()->parameters(), pb = b.back()->parameters();
+      for (size_t i = 0; i < pa.size(); ++i) pb[i].data().copy_(pa[i].data());
+    }
+    const auto opt = torch::TensorOptions().dtype(dtype);
+    const torch::Tensor x0 = torch::randn({N, H}, opt), g = torch::randn({N, H}, opt);
+    const torch::Tensor w0 = torch::rand({token.size(0)}, opt);
+    torch::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+    torch::Tensor wa = w0.clone().requires_grad_(), wb = w0.clone().requires_grad_();
+    const torch::Tensor xs = xa.index_select(0, token);
+    std::vector<torch::Tensor> parts;
+    for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e)
+      if (counts[e] > 0) parts.push_back(a[e](xs.narrow(0, off, counts[e])));
+    const torch::Tensor want =
+        torch::zeros({N, H}, opt).index_add(0, token, torch::cat(parts) * wa.unsqueeze(1));
+    const torch::Tensor got = routed_experts(xb, token, wb, counts, b);
+    const double tol = dtype == torch::kFloat32 ? 1e-6 : 1e-12;
+    EXPECT_TRUE(torch::allclose(got, want, tol, tol))
+        << "max |difference| " << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(got[11].eq(0).all().item<bool>());
+    want.backward(g);
+    got.backward(g);
+    EXPECT_TRUE(torch::allclose(xb.grad(), xa.grad(), tol, tol))
+        << "max |difference| " << (xb.grad() - xa.grad()).abs().max().item<double>();
+    EXPECT_TRUE(xb.grad()[11].eq(0).all().item<bool>());
+    EXPECT_TRUE(torch::allclose(wb.grad(), wa.grad(), tol, tol))
+        << "max |difference| " << (wb.grad() - wa.grad()).abs().max().item<double>();
+    for (size_t e = 0; e < counts.size(); ++e) {
+      auto pa = a[e]->parameters(), pb = b[e]->parameters();
+      for (size_t i = 0; i < pa.size(); ++i) {
+        if (counts[e] == 0) {
+          EXPECT_TRUE(pb[i].grad().eq(0).all().item<bool>());
+          continue;
+        }
+        EXPECT_TRUE(torch::allclose(pb[i].grad(), pa[i].grad(), tol, tol))
+            << "expert " << e << " weight " << i;
       }
-      EXPECT_TRUE(torch::allclose(pb[i].grad(), pa[i].grad(), 1e-6, 1e-6))
-          << "expert " << e << " weight " << i;
     }
   }
+  set_blas_threads(before);
 }

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "minimind/model/grouped_experts.h"
 #include "minimind/model/linear.h"
+#include "minimind/model/routed_experts.h"
 
 namespace minimind {
 
@@ -153,23 +153,21 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
   const int64_t kept =
       flat_index.size(0) - (out.keep.defined() ? counts[num_experts_].item<int64_t>() : 0);
   if (kept < flat_index.size(0)) order = order.narrow(0, 0, kept);
-  torch::Tensor token = torch::div(order, top_k_, "floor");  // [kept]
-  torch::Tensor xs = x_flat.index_select(0, token);          // [kept, H]
-
   if (kept == 0) {  // every assignment dropped
     torch::Tensor y = torch::zeros_like(x_flat);
     // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
     // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
-    // (grouped_experts gives idle experts their zero gradients when some rows remain.)
+    // (routed_experts gives idle experts their zero gradients when some rows remain.)
     if (is_training())
       for (const auto& p : experts->parameters()) y = y + 0 * p.sum();
     return y;
   }
+  const torch::Tensor token = torch::div(order, top_k_, "floor");              // [kept]
+  const torch::Tensor w_sorted = weight.reshape({-1}).index_select(0, order);  // [kept]
   const std::vector<int64_t> rows(counts.data_ptr<int64_t>(),
                                   counts.data_ptr<int64_t>() + num_experts_);
-  torch::Tensor ys = grouped_experts(xs, rows, expert_list_);  // [kept, H]
-  ys = ys * weight.reshape({-1}).index_select(0, order).unsqueeze(1);
-  torch::Tensor y = torch::zeros_like(x_flat).index_add(0, token, ys.to(x_flat.scalar_type()));
+  torch::Tensor y = routed_experts(x_flat, token, w_sorted.to(x_flat.scalar_type()), rows,
+                                   expert_list_);  // [N, H]
   return y;
 }
 

@@ -1,0 +1,57 @@
+#include "minimind/util/blas_tasks.h"
+
+#include <ATen/ThreadLocalState.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "minimind/util/blas_check.h"
+
+namespace minimind {
+
+void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(int64_t)>& task,
+                    bool side_by_side) {
+  const int threads = side_by_side ? blas_threads() : 1;
+  const int64_t workers = std::min<int64_t>(threads, static_cast<int64_t>(order.size()));
+  if (workers <= 1) {
+    for (const int64_t t : order) task(t);
+    return;
+  }
+  set_blas_threads(1);
+  std::atomic<size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < order.size();) {
+      try {
+        task(order[i]);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = order.size();  // the others stop after their current task
+      }
+    }
+  };
+  const at::ThreadLocalState state;  // the caller's grad mode, profiler, dispatch keys
+  std::vector<std::thread> helpers;
+  for (int64_t w = 1; w < workers; ++w) {
+    try {
+      helpers.emplace_back([&] {
+        const at::ThreadLocalStateGuard guard(state);
+        work();
+      });
+    } catch (const std::system_error&) {  // no thread to be had: fewer workers
+      break;
+    }
+  }
+  work();
+  for (auto& h : helpers) h.join();
+  set_blas_threads(threads);
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace minimind

@@ -1,0 +1,267 @@
+#include "minimind/model/routed_experts.h"
+
+#include <algorithm>
+
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
+
+namespace minimind {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// out = a @ b, written into out (a view into a buffer allocated once per call).
+void mm_into(torch::Tensor out, const torch::Tensor& a, const torch::Tensor& b) {
+  at::mm_out(out, a, b);
+}
+
+// d/dg = (ga * u) * s * (1 + g * (1 - s)) with s = sigmoid(g) (SiluBackward's formula),
+// d/du = ga * silu(g), in one pass over the rows (three passes and a temporary as ATen ops);
+// g, u, dg, du are column ranges of [M, 2I] buffers. No fused multiply-adds.
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict g,
+                                              const float* __restrict u,
+                                              const float* __restrict sig,
+                                              const float* __restrict silu_g, float* __restrict dg,
+                                              float* __restrict du, int64_t M, int64_t I,
+                                              int64_t stride) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float *ga_m = ga + m * I, *s_m = sig + m * I, *silu_m = silu_g + m * I;
+    const float *g_m = g + m * stride, *u_m = u + m * stride;
+    float *dg_m = dg + m * stride, *du_m = du + m * stride;
+    for (int64_t i = 0; i < I; ++i) {
+      const float t = ga_m[i] * u_m[i];
+      dg_m[i] = t * s_m[i] * (1.0f + g_m[i] * (1.0f - s_m[i]));
+      du_m[i] = ga_m[i] * silu_m[i];
+    }
+  }
+}
+MINIMIND_NO_FMA_END
+
+// ga, silu_g: [M, I]; g, u, dg, du: [M, I] views with a row stride (columns of gu / dgu).
+void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torch::Tensor& u,
+                     const torch::Tensor& silu_g, torch::Tensor& dg, torch::Tensor& du) {
+  const bool fused = ga.scalar_type() == torch::kFloat32 && ga.is_contiguous() &&
+                     silu_g.is_contiguous() && g.stride(1) == 1 && u.stride(1) == 1 &&
+                     dg.stride(1) == 1 && du.stride(1) == 1 && g.stride(0) == u.stride(0) &&
+                     g.stride(0) == dg.stride(0) && g.stride(0) == du.stride(0);
+  if (!fused) {  // float64 experts (the fp64 tests): ATen's ops
+    at::silu_backward_out(dg, ga * u, g);
+    at::mul_out(du, ga, silu_g);
+    return;
+  }
+  const torch::Tensor sig = torch::sigmoid(g);  // [M, I] contiguous
+  swiglu_backward_rows(ga.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(),
+                       sig.data_ptr<float>(), silu_g.data_ptr<float>(), dg.data_ptr<float>(),
+                       du.data_ptr<float>(), ga.size(0), ga.size(1), g.stride(0));
+}
+
+// The rows of each token, in the order the plain form adds them (ascending assignment):
+// rows[start[n] .. start[n + 1]) for token n. token: [M] int64 contiguous.
+struct TokenRows {
+  std::vector<int64_t> start, rows;
+};
+
+TokenRows rows_of_tokens(const torch::Tensor& token, int64_t N) {
+  const int64_t* t = token.data_ptr<int64_t>();
+  const int64_t M = token.numel();
+  TokenRows r{std::vector<int64_t>(N + 1, 0), std::vector<int64_t>(M)};
+  for (int64_t i = 0; i < M; ++i) {
+    TORCH_CHECK(t[i] >= 0 && t[i] < N, "routed_experts: token ", t[i], " outside [0, ", N, ")");
+    ++r.start[t[i] + 1];
+  }
+  for (int64_t n = 0; n < N; ++n) r.start[n + 1] += r.start[n];
+  std::vector<int64_t> fill(r.start.begin(), r.start.end() - 1);
+  for (int64_t i = 0; i < M; ++i) r.rows[fill[t[i]]++] = i;
+  return r;
+}
+
+MINIMIND_NO_FMA_BEGIN
+// out[n] = 0 + src[i0] * w[i0] + src[i1] * w[i1] + ..., over token n's rows in order, for
+// n in [n0, n1): index_add of the rows (times w, rounded first, when w is given) into zeros.
+template <typename T>
+MINIMIND_CPU_CLONES void sum_rows_per_token(const T* __restrict src, const T* __restrict w,
+                                            const TokenRows& r, T* __restrict out, int64_t n0,
+                                            int64_t n1, int64_t H) {
+  for (int64_t n = n0; n < n1; ++n) {
+    T* o = out + n * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = T(0);
+    for (int64_t j = r.start[n]; j < r.start[n + 1]; ++j) {
+      const int64_t i = r.rows[j];
+      const T* s = src + i * H;
+      if (w) {
+        const T wi = w[i];
+        for (int64_t h = 0; h < H; ++h) o[h] += s[h] * wi;
+      } else {
+        for (int64_t h = 0; h < H; ++h) o[h] += s[h];
+      }
+    }
+  }
+}
+MINIMIND_NO_FMA_END
+
+// y = the per-token sums of src's rows (times w if defined): [N, H], split among the cores.
+torch::Tensor sum_per_token(const torch::Tensor& src, const torch::Tensor& w, const TokenRows& r,
+                            int64_t N) {
+  const int64_t H = src.size(1);
+  torch::Tensor out = torch::empty({N, H}, src.options());
+  constexpr int64_t kChunks = 8;  // a few per core, so an uneven chunk does not hold one back
+  std::vector<int64_t> chunks(kChunks);
+  for (int64_t c = 0; c < kChunks; ++c) chunks[c] = c;
+  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "sum_per_token", [&] {
+    const scalar_t* wp = w.defined() ? w.data_ptr<scalar_t>() : nullptr;
+    run_blas_tasks(chunks, [&](int64_t c) {
+      sum_rows_per_token<scalar_t>(src.data_ptr<scalar_t>(), wp, r, out.data_ptr<scalar_t>(),
+                                   N * c / kChunks, N * (c + 1) / kChunks, H);
+    });
+  });
+  return out;
+}
+
+// The experts with rows, most rows first: the order run_blas_tasks takes them in, so the
+// long tasks start early and the short ones fill in at the end.
+std::vector<int64_t> busiest_first(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e)
+    if (counts[e] > 0) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return counts[a] > counts[b]; });
+  return order;
+}
+
+// Whether experts of width I run side by side, one core each (run_blas_tasks), or one
+// after another with OpenBLAS splitting each GEMM over the cores. Narrow experts' GEMMs
+// split badly; wide ones split well, and side by side they ran slower here (two one-thread
+// GEMMs on this machine's two cores share more than OpenBLAS's two threads do). Measured
+// with scripts/bench-experts.sh on 2 cores: E = 32 (width 104) and E = 64 (width 52) ~10 %
+// faster side by side, E = 16 (208) no clear difference, E = 4 (832) 10-25 % slower.
+constexpr int64_t kSideBySideMaxWidth = 128;
+bool side_by_side(int64_t I) {
+  return I <= kSideBySideMaxWidth;
+}
+
+// Each expert's first row.
+std::vector<int64_t> row_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size(), 0);
+  for (size_t e = 1; e < counts.size(); ++e) off[e] = off[e - 1] + counts[e - 1];
+  return off;
+}
+
+// Inputs: x, the routing weights, then per expert gate_proj, up_proj, down_proj weights
+// ([I, H], [I, H], [H, I]); the tokens and counts ride along as constants.
+struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& token,
+                               std::vector<int64_t> counts, at::TensorList weights) {
+    const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights[0].size(0);
+    const std::vector<int64_t> first = row_offsets(counts);
+    // gu = [g | u]: gate and up projections side by side, so the backward gets both weights'
+    // gradients from one GEMM over dgu = [d/dg | d/du].
+    torch::Tensor gu = torch::empty({M, 2 * I}, x.options());  // [M, 2I]
+    torch::Tensor silu_g = torch::empty({M, I}, x.options());  // [M, I], kept for the backward
+    torch::Tensor a = torch::empty({M, I}, x.options());       // [M, I] = silu(g) * u
+    torch::Tensor ys = torch::empty({M, H}, x.options());      // [M, H] each row's expert output
+    run_blas_tasks(
+        busiest_first(counts),
+        [&](int64_t e) {
+          const int64_t off = first[e], m = counts[e];
+          const torch::Tensor xe = x.index_select(0, token.narrow(0, off, m));  // [m, H]
+          const torch::Tensor rows = gu.narrow(0, off, m);
+          const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
+          mm_into(g, xe, weights[3 * e].t());
+          mm_into(u, xe, weights[3 * e + 1].t());
+          torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
+          at::silu_out(s, g);
+          at::mul_out(a_e, s, u);
+          mm_into(ys.narrow(0, off, m), a_e, weights[3 * e + 2].t());
+        },
+        side_by_side(I));
+    const TokenRows r = rows_of_tokens(token, N);
+    torch::Tensor y = sum_per_token(ys, weight, r, N);  // [N, H]
+    ctx->save_for_backward({x, weight, gu, a, silu_g, ys});
+    ctx->saved_data["token"] = token;
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["weights"] = weights.vec();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &gu = saved[2], &a = saved[3],
+                        &silu_g = saved[4], &ys = saved[5];
+    const torch::Tensor token = ctx->saved_data["token"].toTensor();
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const variable_list weights = ctx->saved_data["weights"].toTensorVector();
+    const torch::Tensor gy = grad_out[0].contiguous();  // [N, H]
+    const int64_t N = x.size(0), E = static_cast<int64_t>(counts.size()), I = a.size(1);
+    const std::vector<int64_t> first = row_offsets(counts);
+    variable_list gw(3 * E);
+    for (int64_t e = 0; e < E; ++e)
+      if (counts[e] == 0)  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
+        for (int j = 0; j < 3; ++j) gw[3 * e + j] = torch::zeros_like(weights[3 * e + j]);
+    torch::Tensor gweight = torch::empty_like(weight);  // [M]
+    torch::Tensor ga = torch::empty_like(a);            // [M, I]
+    torch::Tensor dgu = torch::empty_like(gu);          // [M, 2I] = [d/dg | d/du]
+    torch::Tensor gxs = torch::empty_like(ys);          // [M, H] each row's input gradient
+    run_blas_tasks(
+        busiest_first(counts),
+        [&](int64_t e) {
+          const int64_t off = first[e], m = counts[e];
+          const torch::Tensor tok = token.narrow(0, off, m), a_e = a.narrow(0, off, m);
+          // The weighted sum's backward: each row gets its token's gradient (gy_e), the routing
+          // weight gy_e . ys_i, and the expert output gy_e * w_i (as MulBackward).
+          torch::Tensor gy_e = gy.index_select(0, tok);         // [m, H]
+          torch::Tensor gweight_e = gweight.narrow(0, off, m);  // [m]
+          at::sum_out(gweight_e, gy_e * ys.narrow(0, off, m), {1});
+          gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
+          // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's forms).
+          torch::Tensor ga_e = ga.narrow(0, off, m);
+          mm_into(ga_e, gy_e, weights[3 * e + 2]);
+          gw[3 * e + 2] = at::mm(gy_e.t(), a_e);
+          // Through a = silu(g) * u (as MulBackward and SiluBackward).
+          const torch::Tensor rows = gu.narrow(0, off, m), drows = dgu.narrow(0, off, m);
+          torch::Tensor dg = drows.narrow(1, 0, I), du = drows.narrow(1, I, I);
+          swiglu_backward(ga_e, rows.narrow(1, 0, I), rows.narrow(1, I, I),
+                          silu_g.narrow(0, off, m), dg, du);
+          const torch::Tensor xe = x.index_select(0, tok);    // [m, H]
+          const torch::Tensor gw_gu = at::mm(drows.t(), xe);  // [2I, H]: both weights' gradients
+          gw[3 * e] = gw_gu.narrow(0, 0, I);
+          gw[3 * e + 1] = gw_gu.narrow(0, I, I);
+          // The row's two uses (gate and up) each give a gradient; they add up (a + b == b + a).
+          torch::Tensor gx_e = gxs.narrow(0, off, m);
+          mm_into(gx_e, dg, weights[3 * e]);
+          gx_e.add_(at::mm(du, weights[3 * e + 1]));
+        },
+        side_by_side(I));
+    // The gather's backward: each token adds its rows' gradients in order (index_add).
+    torch::Tensor gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
+    variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor()};
+    grads.insert(grads.end(), gw.begin(), gw.end());
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
+                             const torch::Tensor& weight, const std::vector<int64_t>& counts,
+                             const std::vector<FeedForward>& experts) {
+  TORCH_CHECK(x.dim() == 2 && token.dim() == 1 && weight.sizes() == token.sizes(),
+              "routed_experts: x [N, H], token and weight [M]");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "routed_experts: weight dtype ",
+              weight.scalar_type(), " differs from x's ", x.scalar_type());
+  variable_list weights;
+  weights.reserve(3 * experts.size());
+  for (const auto& ex : experts) {
+    weights.push_back(ex->gate_proj->weight);
+    weights.push_back(ex->up_proj->weight);
+    weights.push_back(ex->down_proj->weight);
+  }
+  return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(),
+                             token.to(torch::kLong).contiguous(), counts,
+                             at::TensorList(weights));  // one input per weight
+}
+
+}  // namespace minimind
