@@ -168,18 +168,24 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
   std::cout << a.prompt << std::flush;
   std::vector<int32_t> generated;
-  size_t printed = 0;
+  // Stream the text as it comes, decoding only a window of recent tokens (decoding all of
+  // them per token was quadratic): the window starts where the text printed before last
+  // ended; what the window decodes to beyond its own start's text is new. Both decodes
+  // start at the same token, so SentencePiece's dropped leading space cancels; an
+  // unfinished UTF-8 character (decoded as U+FFFD until its last byte) waits.
+  size_t window = 0, printed_upto = 0, printed = 0;  // tokens; bytes printed in all
   const Stopwatch clock;
   auto on_token = [&](int64_t id) {
     generated.push_back(static_cast<int32_t>(id));
-    // Decode everything so far and print what is new, holding back an unfinished
-    // UTF-8 character (decoded as U+FFFD until its last byte arrives).
-    const std::string text = tok.decode(generated);
+    const std::vector<int32_t> head(generated.begin() + window, generated.begin() + printed_upto),
+        all(generated.begin() + window, generated.end());
+    const std::string before = tok.decode(head), text = tok.decode(all);
+    if (text.size() <= before.size()) return;
     if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
-    if (text.size() > printed) {
-      std::cout << text.substr(printed) << std::flush;
-      printed = text.size();
-    }
+    std::cout << text.substr(before.size()) << std::flush;
+    printed += text.size() - before.size();
+    window = printed_upto;
+    printed_upto = generated.size();
   };
   std::vector<int64_t> out = generate(m.model, prompt, a.gen, on_token);
   const double secs = clock.seconds();
