@@ -42,6 +42,24 @@ int blas_threads();
 // BLAS has no such control.
 bool set_blas_threads(int n);
 
+// OpenBLAS at one thread while this object lives, its count before restored after (also
+// when an exception leaves the scope). Nothing happens when it already had one thread or
+// is not the BLAS.
+class OneBlasThread {
+ public:
+  OneBlasThread() : before_(blas_threads()) {
+    if (before_ > 1) set_blas_threads(1);
+  }
+  ~OneBlasThread() {
+    if (before_ > 1) set_blas_threads(before_);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int before_;
+};
+
 // The thread policy of every command, for `requested` cores (0 = the machine's cores
 // divided among the `local_ranks` processes of a multi-process job on it): with
 // OpenBLAS loaded, OpenBLAS gets all of them and torch's OpenMP pool one thread; with any

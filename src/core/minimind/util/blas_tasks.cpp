@@ -21,7 +21,7 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
     for (const int64_t t : order) task(t);
     return;
   }
-  set_blas_threads(1);
+  const OneBlasThread one_thread;  // each task's GEMMs on its own core; restored on return
   std::atomic<size_t> next{0};
   std::mutex error_mutex;
   std::exception_ptr error;
@@ -50,7 +50,6 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
   }
   work();
   for (auto& h : helpers) h.join();
-  set_blas_threads(threads);
   if (error) std::rethrow_exception(error);
 }
 

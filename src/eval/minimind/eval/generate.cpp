@@ -54,15 +54,6 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
   // With the cache a token is one row: its matrix-vector products are too small for
   // OpenBLAS's threads to pay their hand-over (300 greedy tokens of the default run:
   // 754-896 tokens/s on one thread against 644-719 on two, 2026-12-01).
-  struct OneBlasThread {
-    int before = blas_threads();
-    OneBlasThread() {
-      if (before > 1) set_blas_threads(1);
-    }
-    ~OneBlasThread() {
-      if (before > 1) set_blas_threads(before);
-    }
-  };
   std::optional<OneBlasThread> one_thread;
   if (o.use_cache) one_thread.emplace();
 
