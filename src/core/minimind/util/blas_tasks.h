@@ -3,13 +3,16 @@
 // splitting every GEMM.
 //
 // Why: a small expert's GEMMs are too narrow to split well. On this project's 2-core
-// machine a [512, 256] x [256, 52] GEMM ran at 42-90 GFLOP/s with OpenBLAS on 2 threads,
-// while two one-thread GEMMs side by side ran at ~105 each; wide GEMMs gain too (a
-// [2048, 256] x [256, 832] one: 145 with 2 threads, ~106 per core alone).
+// machine a [512, 256] x [256, 52] GEMM ran at 42-90 GFLOP/s with OpenBLAS on 2 threads and
+// ~80-105 on one. Wide GEMMs are the other way round there: OpenBLAS's two threads beat two
+// one-thread GEMMs side by side (the E = 4 experts' step was 10-25 % slower side by side),
+// so callers choose (routed_experts.cpp: experts of width <= 128 only).
 //
-// Numbers do not change: OpenBLAS splits a GEMM over the rows and columns of its output,
-// never over the sum, so each result is the same with one thread or several; and the
-// tasks write disjoint outputs.
+// Numbers: a task's GEMMs run on one thread, so they are those of a one-thread run. They
+// can differ in the last bits from the same GEMM on several threads: OpenBLAS rounded a
+// GEMM summing over many rows (a weight gradient, [256, 517] x [517, 832]) differently on
+// two threads than on one. The tasks write disjoint outputs, so their order does not
+// matter.
 #pragma once
 
 #include <cstdint>
