@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark: C++ (minimind-bench) and the PyTorch reference (tests/reference/bench.py) on
 # the bench config in one run, alternating: the reference at both of its good settings
-# (torch 1 thread + OpenBLAS on all cores, the C++ side's; and MiniMind's own, torch on all
-# cores), and the C++ speed against the better of the two for each preset.
+# (the C++ side's: torch 1 thread + OpenBLAS on all cores, and glibc malloc's thresholds
+# raised as tune_malloc() does; and MiniMind's own: torch on all cores, glibc's defaults),
+# and the C++ speed against the better of the two for each preset.
 # Usage: scripts/bench.sh [THREADS] [STEPS] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,11 +16,17 @@ trap 'rm -f "$OUT"' EXIT
 # The reference gets the OpenBLAS kernels the C++ side runs with: minimind-bench sets
 # OPENBLAS_CORETYPE when OpenBLAS does not know the CPU (blas_check.h), and a PyTorch user at
 # their best would set it too.
+# The allocator setting of the C++ side (src/core/minimind/util/malloc_tuning.cpp: mmap and
+# trim thresholds at 1 GiB) through glibc's environment variables: without it every step of
+# the reference faults in its activations anew, which on a VM of this kind made it ~2.5x
+# slower (moe-top1 1,107 vs 2,873 tok/s, 2026-12-01) — a PyTorch user at their best sets it.
+SAME_MALLOC=(MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824)
 for preset in dense moe-top1 moe-top2; do
   for r in $(seq 1 "$REPEATS"); do
     ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" --json >> "$OUT"
     CORE=$(tail -1 "$OUT" | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["blas_core"])')
-    OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
+    env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
+      /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
     OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind >> "$OUT"
   done
 done
@@ -43,8 +50,8 @@ for preset in ["dense", "moe-top1", "moe-top2"]:
               f"{100 * med('mfu'):5.1f}% {('%9.0f' % gen) if gen else '      n/a'}")
 for preset in ["dense", "moe-top1", "moe-top2"]:
     best = max(["pytorch", "pytorch-minimind"], key=lambda impl: res[(preset, impl)])
-    print(f"{preset}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores' if best == 'pytorch' else 'MiniMind threads'}) "
-          f"= {res[(preset, 'cpp')] / res[(preset, best)]:.2f}x; same threads {res[(preset, 'cpp')] / res[(preset, 'pytorch')]:.2f}x, "
-          f"MiniMind's threads {res[(preset, 'cpp')] / res[(preset, 'pytorch-minimind')]:.2f}x")
+    print(f"{preset}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores + malloc thresholds' if best == 'pytorch' else 'MiniMind threads'}) "
+          f"= {res[(preset, 'cpp')] / res[(preset, best)]:.2f}x; same setting {res[(preset, 'cpp')] / res[(preset, 'pytorch')]:.2f}x, "
+          f"MiniMind's {res[(preset, 'cpp')] / res[(preset, 'pytorch-minimind')]:.2f}x")
 print(f"MoE top-1 step / dense step (C++) = {res[('dense', 'cpp')] / res[('moe-top1', 'cpp')]:.2f}")
 PY

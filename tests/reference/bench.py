@@ -4,7 +4,9 @@ measured like minimind-bench: median step time over the measured steps, fwd/bwd/
 split, peak RSS, MFU against an fp32 matmul peak measured in this process.
 
 Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY]   (prints one JSON line)
-POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS);
+POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS;
+scripts/bench.sh also gives it the C++ side's malloc thresholds through glibc's
+MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, which must be set before Python starts);
 "minimind": what MiniMind's scripts get (torch THREADS, OpenBLAS's own default of one
 thread per core).
 """
