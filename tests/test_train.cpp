@@ -419,6 +419,58 @@ TEST(FusedAdamW, FollowsTorchsAdamW) {
   }
 }
 
+// The optimizer step and the clipping spread over the cores (OpenBLAS on 2 threads, so
+// run_blas_tasks runs side by side) give the numbers of one core, bitwise: FusedAdamW over
+// tensors larger than its chunk and smaller, against the same on one thread; clip_gradients
+// against torch::nn::utils::clip_grad_norm_ (the norm and every clipped gradient), once
+// clipping and once with the norm under the limit.
+TEST(FusedAdamW, SpreadOverTheCoresGivesTheNumbersOfOne) {
+  const int before = blas_threads();
+  ASSERT_TRUE(set_blas_threads(2)) << "OpenBLAS is the BLAS (Blas.OptimisedBlasIsLoaded)";
+  torch::manual_seed(5);
+  TrainConfig tc;
+  tc.weight_decay = 0.1;
+  const std::vector<std::vector<int64_t>> shapes = {{700, 1000}, {300, 7}, {5}, {1 << 18}};
+  std::vector<torch::Tensor> spread, serial, grads;
+  for (const auto& shape : shapes) {
+    const torch::Tensor init = torch::randn(shape);
+    spread.push_back(init.clone().requires_grad_());
+    serial.push_back(init.clone().requires_grad_());
+  }
+  auto opt_spread = make_optimizer(spread, tc), opt_serial = make_optimizer(serial, tc);
+  for (int step = 1; step <= 3; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const torch::Tensor g = torch::randn(shapes[i]);
+      spread[i].mutable_grad() = g.clone(), serial[i].mutable_grad() = g.clone();
+    }
+    set_blas_threads(2);
+    opt_spread->step();
+    set_blas_threads(1);
+    opt_serial->step();
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) EXPECT_TRUE(torch::equal(spread[i], serial[i])) << i;
+
+  for (const double max_norm : {1.0, 1e9}) {
+    std::vector<torch::Tensor> ours, torchs;
+    for (const auto& shape : shapes) {
+      const torch::Tensor g = torch::randn(shape);
+      ours.push_back(torch::zeros(shape).requires_grad_());
+      torchs.push_back(torch::zeros(shape).requires_grad_());
+      ours.back().mutable_grad() = g.clone(), torchs.back().mutable_grad() = g.clone();
+    }
+    ours.push_back(torch::zeros({3}).requires_grad_());  // no gradient: skipped by both
+    torchs.push_back(torch::zeros({3}).requires_grad_());
+    set_blas_threads(2);
+    const double norm = clip_gradients(ours, max_norm);
+    const double reference = torch::nn::utils::clip_grad_norm_(torchs, max_norm);
+    EXPECT_EQ(norm, reference);
+    EXPECT_GT(norm, 1.0);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      EXPECT_TRUE(torch::equal(ours[i].grad(), torchs[i].grad())) << max_norm << " " << i;
+  }
+  set_blas_threads(before);
+}
+
 TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {
   const std::string dir = temp_dir("checkpointer");
   const Config cfg = tiny_config(dir, {"train.checkpoint_interval=4", "train.keep_checkpoints=5"});

@@ -1,8 +1,11 @@
 #include "minimind/train/optim.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
+#include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 
 namespace minimind {
@@ -21,7 +24,10 @@ namespace {
 // One AdamW update of n floats, in torch's order of operations and float roundings:
 // p *= decay; m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
 // p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into fused multiply-adds
-// is off so every machine rounds the same; the loop vectorises (AVX2 where the CPU has it).
+// is off so every machine rounds the same. The loop vectorises (AVX2 where the CPU has it)
+// only because the project builds with -fno-math-errno (src/CMakeLists.txt): with errno,
+// GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on
+// the bench MoE; checked with objdump).
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g,
                                       float* __restrict m, float* __restrict v, int64_t n,
@@ -40,6 +46,45 @@ MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restri
 }
 MINIMIND_NO_FMA_END
 
+// One parameter's fused update: its buffers and the scalars of this step.
+struct FusedUpdate {
+  float *p, *g, *m, *v;
+  int64_t n;
+  float decay, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps, neg_step_size;
+};
+
+// Runs the updates over the cores in chunks of at most kChunk floats (1 MiB of each of the
+// four buffers; the update is memory-bound, and two cores moved ~2x one core's bytes here).
+// Each element's arithmetic is the same whichever thread runs it: same numbers.
+void run_fused_updates(const std::vector<FusedUpdate>& updates) {
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  struct Chunk {
+    const FusedUpdate* u;
+    int64_t begin, n;
+  };
+  std::vector<Chunk> chunks;
+  for (const FusedUpdate& u : updates)
+    for (int64_t b = 0; b < u.n; b += kChunk) chunks.push_back({&u, b, std::min(kChunk, u.n - b)});
+  std::vector<int64_t> order(chunks.size());
+  std::iota(order.begin(), order.end(), 0);
+  run_blas_tasks(order, [&](int64_t i) {
+    const Chunk& c = chunks[static_cast<size_t>(i)];
+    const FusedUpdate& u = *c.u;
+    adamw_update(u.p + c.begin, u.g + c.begin, u.m + c.begin, u.v + c.begin, c.n, u.decay, u.b1,
+                 u.one_minus_b1, u.b2, u.one_minus_b2, u.sqrt_bc2, u.eps, u.neg_step_size);
+  });
+}
+
+// The tensors' indices, largest first (tasks for run_blas_tasks).
+std::vector<int64_t> largest_first(const std::vector<torch::Tensor>& tensors) {
+  std::vector<int64_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return tensors[static_cast<size_t>(a)].numel() > tensors[static_cast<size_t>(b)].numel();
+  });
+  return order;
+}
+
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
@@ -49,6 +94,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  std::vector<FusedUpdate> fused;
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     TORCH_CHECK(!o.amsgrad(), "FusedAdamW has no AMSGrad");
@@ -84,15 +130,16 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         continue;
       }
       // The scalars as torch's ops receive them: doubles cast to the tensor's float.
-      adamw_update(p.data_ptr<float>(), grad.data_ptr<float>(), st.exp_avg().data_ptr<float>(),
-                   st.exp_avg_sq().data_ptr<float>(), p.numel(),
-                   static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1),
-                   static_cast<float>(beta1), static_cast<float>(1 - beta1),
-                   static_cast<float>(beta2), static_cast<float>(1 - beta2),
-                   static_cast<float>(std::sqrt(bias_correction2)), static_cast<float>(o.eps()),
-                   static_cast<float>(-step_size));
+      fused.push_back(
+          {p.data_ptr<float>(), grad.data_ptr<float>(), st.exp_avg().data_ptr<float>(),
+           st.exp_avg_sq().data_ptr<float>(), p.numel(),
+           static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1),
+           static_cast<float>(beta1), static_cast<float>(1 - beta1), static_cast<float>(beta2),
+           static_cast<float>(1 - beta2), static_cast<float>(std::sqrt(bias_correction2)),
+           static_cast<float>(o.eps()), static_cast<float>(-step_size)});
     }
   }
+  run_fused_updates(fused);
   return loss;
 }
 
@@ -112,8 +159,23 @@ double finish_gradients(const std::vector<torch::Tensor>& params, double max_nor
 }
 
 double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
-  if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
   torch::NoGradGuard no_grad;
+  if (max_norm > 0) {
+    // torch::nn::utils::clip_grad_norm_ (LibTorch 1.13) op for op, its per-tensor norms and
+    // products spread over the cores: each is the same one-thread ATen op on the same tensor
+    // whichever thread runs it, so the numbers are clip_grad_norm_'s (tested).
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (grads.empty()) return 0.0;
+    const std::vector<int64_t> order = largest_first(grads);
+    std::vector<torch::Tensor> norms(grads.size());
+    run_blas_tasks(order, [&](int64_t i) { norms[i] = grads[i].norm(2); });
+    const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+    const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
+    run_blas_tasks(order, [&](int64_t i) { grads[i].mul_(coef); });
+    return total.item<double>();
+  }
   torch::Tensor sq = torch::zeros({}, torch::kFloat64);
   for (const auto& p : params) sq += p.grad().to(torch::kFloat64).pow(2).sum();
   return std::sqrt(sq.item<double>());
