@@ -89,10 +89,9 @@ print(f"{label}: max |weight diff| {dw:.3g}, max |train loss diff| {dl:.3g}, "
 # may go the other way (seen: 1 of 960 tokens at step 12 with OpenBLAS's Haswell kernels,
 # none with SkylakeX); at most one token per record may move, and then the val loss, a
 # mean over the tokens, gets 10x the tolerance.
-train_a = [r for r in ca if r[2] == "train"]
-assert train_a == [r for r in cb if r[2] == "train"], "training expert counts differ"
-moved = [(x[0], x[1], x[3], y[3]) for x, y in zip(ca, cb) if x[2] != "train" and x != y]
 assert len(ca) == len(cb) and all(x[:3] == y[:3] for x, y in zip(ca, cb)), "records differ"
+assert [r for r in ca if r[2] == "train"] == [r for r in cb if r[2] == "train"], "training expert counts differ"
+moved = [(x[0], x[1], x[3], y[3]) for x, y in zip(ca, cb) if x[2] != "train" and x != y]
 assert all(sum(abs(p - q) for p, q in zip(m[2], m[3])) <= 2 for m in moved), f"eval counts differ: {moved}"
 if moved:
     print(f"{label}: eval routing of one token flipped (step, layer, counts): {moved}")

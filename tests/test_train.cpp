@@ -431,7 +431,7 @@ TEST(FusedAdamW, SpreadOverTheCoresGivesTheNumbersOfOne) {
   TrainConfig tc;
   tc.weight_decay = 0.1;
   const std::vector<std::vector<int64_t>> shapes = {{700, 1000}, {300, 7}, {5}, {1 << 18}};
-  std::vector<torch::Tensor> spread, serial, grads;
+  std::vector<torch::Tensor> spread, serial;
   for (const auto& shape : shapes) {
     const torch::Tensor init = torch::randn(shape);
     spread.push_back(init.clone().requires_grad_());

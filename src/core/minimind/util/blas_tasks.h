@@ -1,6 +1,7 @@
-// Independent GEMM-bound tasks (the experts of a MoE layer) spread over the cores OpenBLAS
-// has, each core running whole tasks with a one-thread OpenBLAS, instead of every core
-// splitting every GEMM.
+// Independent tasks spread over the cores OpenBLAS has, each core running whole tasks with
+// a one-thread OpenBLAS: GEMM-bound ones (the experts of a MoE layer), instead of every core
+// splitting every GEMM, and the optimizer's memory-bound passes (optim.cpp), which would
+// otherwise run on one core while OpenBLAS's threads wait.
 //
 // Why: a small expert's GEMMs are too narrow to split well. On this project's 2-core
 // machine a [512, 256] x [256, 52] GEMM ran at 42-90 GFLOP/s with OpenBLAS on 2 threads and

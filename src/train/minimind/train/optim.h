@@ -16,7 +16,8 @@ namespace minimind {
 // memory: torch's step runs nine tensor ops per parameter (seven passes over three or four
 // tensors, three temporaries). The formula and its float roundings are torch's, each
 // operation rounded as torch rounds it (no fused multiply-add), so the weights agree
-// with torch's AdamW to an ulp or so (tested); other tensors take torch's step.
+// with torch's AdamW to an ulp or so (tested); other tensors take torch's step. The
+// float32 updates run in chunks over the cores (run_blas_tasks), the same numbers as on one.
 class FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
@@ -32,7 +33,9 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Ten
 // all-reduce needs the same tensors on every rank).
 void fill_missing_gradients(const std::vector<torch::Tensor>& params);
 
-// Clips the global grad norm to max_norm (0 = no clipping); returns the norm before.
+// Clips the global grad norm to max_norm (0 = no clipping); returns the norm before. With
+// clipping, torch::nn::utils::clip_grad_norm_'s ops and numbers, its per-tensor norms and
+// products spread over the cores.
 double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm);
 
 // Drops the gradients (PyTorch's zero_grad(set_to_none=True)): the next backward stores
