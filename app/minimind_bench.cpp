@@ -24,6 +24,7 @@
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/expert_counts.h"
 #include "minimind/train/optim.h"
+#include "minimind/train/train_step.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
 #include "minimind/util/stopwatch.h"
@@ -31,11 +32,6 @@
 namespace {
 
 // The step's expert counts per MoE layer, as the trainer hands them to the bias update.
-std::vector<std::vector<int64_t>> out_counts(const minimind::ForwardOutput& out) {
-  minimind::ExpertCounts c;
-  c.add(out.expert_counts);
-  return c.layers;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -71,15 +67,16 @@ struct Variant {
   std::vector<double> seconds;
 };
 
-double timed_step(Variant& v, const torch::Tensor& ids) {
+double timed_step(Variant& v, const torch::Tensor& ids, int threads) {
   using namespace minimind;
-  Stopwatch clock;
-  ForwardOutput out = v.model(ids, ids);
-  (out.loss + out.aux_loss + out.z_loss).backward();
-  finish_gradients(v.model->parameters(), 1.0);
-  v.opt->step();
-  v.model->update_router_bias(out_counts(out));
-  clear_gradients(v.model->parameters());
+  const Stopwatch clock;
+  optimizer_step(
+      v.model, *v.opt,
+      [&] {
+        return Batch{ids, ids};
+      },
+      1, v.cfg.train.grad_clip, v.cfg.train.learning_rate, nullptr, false,
+      batch_shards(v.cfg.model, ids.size(0), threads));
   return clock.seconds();
 }
 
@@ -111,7 +108,7 @@ int compare_variants(const minimind::Config& base, const std::vector<std::string
   torch::Tensor ids = torch::randint(3, base.model.vocab_size, {B, T}, torch::kLong);
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& v : variants) {
-      const double t = timed_step(v, ids);
+      const double t = timed_step(v, ids, threads);
       if (s >= warmup) v.seconds.push_back(t);
     }
   const double base_gflops =
@@ -136,7 +133,7 @@ int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
   CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
   std::string preset = "moe-top1";
-  int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0;
+  int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0, shards = 0;
   bool json = false, default_malloc = false;
   std::string profile;
   std::vector<std::string> sets;
@@ -156,6 +153,10 @@ int main(int argc, char** argv) {
   app.add_option("--torch-threads", torch_threads,
                  "torch intra-op threads (0: the trainer's choice)")
       ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
+  app.add_option("--shards", shards,
+                 "shards of each micro-batch trained side by side (0: the trainer's choice, "
+                 "one per thread; 1: the whole micro-batch at once)")
+      ->check(minimind_app::integer_in(0, 8));
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
@@ -215,26 +216,26 @@ int main(int argc, char** argv) {
     const int64_t B = 8, T = 256;
     torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
 
+    const int n_shards = shards > 0 ? shards : batch_shards(cfg.model, B, n_threads);
     std::vector<double> fwd, bwd, optim, total;
     for (int s = 0; s < warmup + steps; ++s) {
       // The legacy autograd profiler records every op of the step, forward and backward.
       std::optional<torch::autograd::profiler::RecordProfile> trace;
       if (!profile.empty() && s == warmup) trace.emplace(profile);
-      Stopwatch clock;
-      ForwardOutput out = model(ids, ids);
-      torch::Tensor loss = out.loss + out.aux_loss + out.z_loss;
-      const double f = clock.seconds();
-      clock.restart();
-      loss.backward();
-      const double b = clock.seconds();
-      clock.restart();
-      finish_gradients(model->parameters(), 1.0);
-      opt->step();
-      model->update_router_bias(out_counts(out));
-      clear_gradients(model->parameters());
-      const double o = clock.seconds();
-      if (s >= warmup)
-        fwd.push_back(f), bwd.push_back(b), optim.push_back(o), total.push_back(f + b + o);
+      // The trainer's optimizer step: its forward, backward (in shards when it would be),
+      // clipping, AdamW and the router bias update.
+      const Stopwatch clock;
+      const StepStats st = optimizer_step(
+          model, *opt,
+          [&] {
+            return Batch{ids, ids};
+          },
+          1, cfg.train.grad_clip, cfg.train.learning_rate, nullptr, false, n_shards);
+      const double t = clock.seconds();
+      if (s >= warmup) {
+        fwd.push_back(st.forward_seconds), bwd.push_back(st.micro_seconds - st.forward_seconds);
+        optim.push_back(t - st.micro_seconds), total.push_back(t);
+      }
       if (trace) {
         trace.reset();  // writes the file
         spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile,
@@ -265,14 +266,15 @@ int main(int argc, char** argv) {
     const double rss_mb = ru.ru_maxrss / 1024.0;
     if (json) {
       std::cout << fmt::format(
-          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"set\": {}, \"threads\": {}, \"tok_s\": "
+          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"set\": {}, \"threads\": {}, \"shards\": {}, "
+          "\"tok_s\": "
           "{:.1f}, "
           "\"tok_s_min\": {:.1f}, "
           "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, "
           "\"opt_ms\": {:.1f}, "
           "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": "
           "{:.1f}, \"blas_core\": \"{}\"}}\n",
-          preset, nlohmann::json(sets).dump(), n_threads, tok_s, *lo, *hi, 1e3 * step,
+          preset, nlohmann::json(sets).dump(), n_threads, n_shards, tok_s, *lo, *hi, 1e3 * step,
           1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim), rss_mb, mfu, peak, gen_s,
           blas_core_name());
     } else {

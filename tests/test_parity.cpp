@@ -251,6 +251,52 @@ TEST_P(Parity, MatchesReference) {
     } else {
       EXPECT_TRUE(biases.empty());
     }
+
+    // The same steps with each micro-batch in two shards side by side (3 rows: 1 + 2),
+    // as the trainer runs them on two cores when the method allows (batch_shards): the
+    // losses, router gradients, weights and bias within the same tolerance.
+    if (batch_shards(model->config(), ids.size(0), 2) > 1) {
+      MiniMindForCausalLM sharded = build(fx, name);
+      sharded->train();
+      auto sharded_opt = make_optimizer(sharded->parameters(), tc);
+      double d_shard_steps = 0, d_shard_router = 0;
+      next = 0;
+      torch::manual_seed(kSeedForward);
+      for (int64_t s = 0; s < ref_losses.size(0); ++s) {
+        const bool probe = s == 0 && fx.contains("router_grad");
+        StepStats st = optimizer_step(
+            sharded, *sharded_opt, [&] { return micro[next++ % micro.size()]; },
+            static_cast<int64_t>(micro.size()), tc.grad_clip, tc.learning_rate, nullptr, probe,
+            /*shards=*/2);
+        const double d = std::abs(st.loss - ref_losses[s].item<double>());
+        EXPECT_LE(d, kTol) << "in shards, step " << s;
+        d_shard_steps = std::max(d_shard_steps, d);
+        if (probe) {
+          torch::Tensor ref = fx.at("router_grad").toTensor();  // [L, 2]
+          ASSERT_EQ(st.layer_grad_lm.size(), static_cast<size_t>(ref.size(0)));
+          for (int64_t l = 0; l < ref.size(0); ++l) {
+            const auto i = static_cast<size_t>(l);
+            d_shard_router =
+                std::max({d_shard_router, std::abs(st.layer_grad_lm[i] - ref[l][0].item<double>()),
+                          std::abs(st.layer_grad_balance[i] - ref[l][1].item<double>())});
+          }
+          EXPECT_LE(d_shard_router, 1e-6) << "in shards";
+        }
+      }
+      double d_shard_weights = 0;
+      for (const auto& p : sharded->named_parameters())
+        d_shard_weights =
+            std::max(d_shard_weights, max_abs_diff(p.value().detach(), ref_after.at(p.key())));
+      EXPECT_LE(d_shard_weights, kTol) << "in shards";
+      if (fx.contains("bias_after"))
+        EXPECT_LE(
+            max_abs_diff(torch::stack(sharded->router_biases()), fx.at("bias_after").toTensor()),
+            kTol)
+            << "in shards";
+      report += "; in 2 shards: 5-step losses " + c10::str(d_shard_steps) + ", weights after " +
+                c10::str(d_shard_weights);
+      if (fx.contains("router_grad")) report += ", router grad " + c10::str(d_shard_router);
+    }
   }
   std::printf("[parity] %-28s max |diff|: %s\n", name.c_str(), report.c_str());
 }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -37,6 +38,7 @@
 #include "minimind/train/train_step.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/side_by_side.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -469,6 +471,141 @@ TEST(FusedAdamW, SpreadOverTheCoresGivesTheNumbersOfOne) {
       EXPECT_TRUE(torch::equal(ours[i].grad(), torchs[i].grad())) << max_norm << " " << i;
   }
   set_blas_threads(before);
+}
+
+TEST(ShardGroup, SumsInShardOrderAndAbortFreesTheWaiting) {
+  ShardGroup group(3);
+  std::vector<torch::Tensor> got(3);
+  run_side_by_side(3, group, [&](int s) {
+    // Two rounds; float values whose sum depends on the order of addition.
+    torch::Tensor t = torch::tensor({1e8f, 1.0f, -1e8f}).select(0, s).reshape({1});
+    group.sum(s, t);
+    torch::Tensor u = torch::full({2}, static_cast<double>(s + 1));
+    group.sum(s, u, [](torch::Tensor& total) { total.mul_(10); });  // once, on the total
+    got[static_cast<size_t>(s)] = torch::cat({t, u});
+  });
+  const float in_order = (1e8f + 1.0f) + -1e8f;  // 0 in float32; 1 in another order
+  for (const auto& g : got) {
+    EXPECT_EQ(g[0].item<float>(), in_order);
+    EXPECT_EQ(g[1].item<float>(), 60.0f);
+    EXPECT_EQ(g[2].item<float>(), 60.0f);
+  }
+  // A shard that fails before the sum: the others throw instead of waiting for it, and the
+  // first error comes back to the caller.
+  ShardGroup broken(2);
+  std::atomic<int> freed{0};
+  EXPECT_THROW(
+      {
+        try {
+          run_side_by_side(2, broken, [&](int s) {
+            if (s == 1) throw std::invalid_argument("shard 1 failed");
+            torch::Tensor t = torch::ones({1});
+            try {
+              broken.sum(s, t);
+            } catch (const std::runtime_error&) {
+              ++freed;
+              throw;
+            }
+          });
+        } catch (const std::invalid_argument& e) {
+          EXPECT_STREQ(e.what(), "shard 1 failed");
+          throw;
+        }
+      },
+      std::invalid_argument);
+  EXPECT_EQ(freed.load(), 1);
+}
+
+// A micro-batch in shards side by side: the same bits run after run, and the unsplit
+// micro-batch's numbers within float rounding. (tests/test_parity.cpp checks the shards
+// against the PyTorch reference for every balancing method that allows them.)
+TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
+  Config cfg = load_config_string(
+      "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4,\n"
+      "        num_key_value_heads: 2, vocab_size: 256, max_position_embeddings: 64,\n"
+      "        use_moe: true, num_experts: 4, num_experts_per_tok: 2,\n"
+      "        router_z_loss_coef: 0.001}\n"
+      "data: {max_seq_len: 16}\n",
+      "shards");
+  validate_and_resolve(cfg);
+  ASSERT_EQ(batch_shards(cfg.model, 5, 2), 2);
+  EXPECT_EQ(batch_shards(cfg.model, 5, 1), 1);
+  EXPECT_EQ(batch_shards(cfg.model, 1, 2), 1);
+  torch::manual_seed(3);
+  torch::Tensor rows = torch::randint(3, 256, {10, 17}, torch::kLong);  // [10, 17]
+  torch::Tensor labels = rows.clone();
+  labels.narrow(1, 12, 5).fill_(-100);  // padding at the end of every row
+  auto run = [&](int shards, torch::Dtype dtype) {
+    torch::manual_seed(11);
+    MiniMindForCausalLM model(cfg.model);
+    init_weights(model);
+    model->to(dtype);
+    auto opt = make_optimizer(model->parameters(), cfg.train);
+    int64_t next = 0;
+    auto batches = [&] {  // two micro-batches of 5 rows per step
+      const int64_t r = next++ % 2 * 5;
+      return Batch{rows.narrow(0, r, 5), labels.narrow(0, r, 5)};
+    };
+    std::vector<StepStats> stats;
+    for (int step = 0; step < 3; ++step)
+      stats.push_back(optimizer_step(model, *opt, batches, 2, cfg.train.grad_clip, 1e-3, nullptr,
+                                     /*router_grads=*/step == 0, shards));
+    return std::make_pair(model, stats);
+  };
+  // In float64 the shards' sums equal the whole's but for rounding far below 1e-9 (AdamW
+  // would turn a float32 rounding of a near-zero gradient into a step of up to lr).
+  auto [whole, whole_stats] = run(1, torch::kFloat64);
+  auto [a, a_stats] = run(2, torch::kFloat64);
+  auto [b, b_stats] = run(2, torch::kFloat32);
+  auto [c, c_stats] = run(2, torch::kFloat32);
+  auto pc = c->named_parameters(), pw = whole->named_parameters();
+  for (const auto& p : b->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), pc[p.key()])) << p.key() << ": not repeatable";
+  double worst = 0;
+  for (const auto& p : a->named_parameters())
+    worst = std::max(worst, (p.value() - pw[p.key()]).abs().max().item<double>());
+  EXPECT_LE(worst, 1e-9);
+  for (size_t i = 0; i < 3; ++i) {
+    const StepStats &s = a_stats[i], &w = whole_stats[i];
+    EXPECT_EQ(b_stats[i].loss, c_stats[i].loss);
+    EXPECT_EQ(b_stats[i].grad_norm, c_stats[i].grad_norm);
+    EXPECT_NEAR(b_stats[i].loss, w.loss, 1e-5);  // float32 against float64
+    EXPECT_NEAR(s.lm_loss, w.lm_loss, 1e-12);
+    EXPECT_NEAR(s.aux_loss, w.aux_loss, 1e-12);
+    EXPECT_GT(s.aux_loss, 0.0);
+    EXPECT_NEAR(s.z_loss, w.z_loss, 1e-12);
+    EXPECT_GT(s.z_loss, 0.0);
+    EXPECT_NEAR(s.grad_norm, w.grad_norm, 1e-12);
+    EXPECT_EQ(s.counts.layers, w.counts.layers) << "step " << i;
+    EXPECT_EQ(s.tokens, w.tokens);
+    ASSERT_EQ(s.layer_seq_max_vio.size(), 2u);
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_NEAR(s.layer_aux[l], w.layer_aux[l], 1e-12);
+      EXPECT_NEAR(s.layer_z[l], w.layer_z[l], 1e-12);
+      EXPECT_EQ(s.layer_seq_max_vio[l], w.layer_seq_max_vio[l]);
+    }
+  }
+  ASSERT_EQ(a_stats[0].layer_grad_lm.size(), 2u);
+  for (size_t l = 0; l < 2; ++l) {
+    EXPECT_NEAR(a_stats[0].layer_grad_lm[l], whole_stats[0].layer_grad_lm[l], 1e-12);
+    EXPECT_NEAR(a_stats[0].layer_grad_balance[l], whole_stats[0].layer_grad_balance[l], 1e-12);
+    EXPECT_GT(a_stats[0].layer_grad_balance[l], 0.0);
+  }
+  std::printf("5 rows in 2 shards vs whole, 3 steps (fp64): max |weight diff| %.3g\n", worst);
+
+  // A shard that fails (an id outside the vocabulary in its rows only) fails the step
+  // instead of leaving the other shard waiting.
+  torch::Tensor bad = rows.narrow(0, 0, 5).clone();
+  bad[4][3] = 999;
+  torch::manual_seed(11);
+  MiniMindForCausalLM model(cfg.model);
+  auto opt = make_optimizer(model->parameters(), cfg.train);
+  EXPECT_ANY_THROW(optimizer_step(
+      model, *opt,
+      [&] {
+        return Batch{bad, bad};
+      },
+      1, 1.0, 1e-3, nullptr, false, 2));
 }
 
 TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {

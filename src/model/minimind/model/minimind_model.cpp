@@ -19,12 +19,12 @@ MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
 
 BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
                                        LayerKVCache* cache, const torch::Tensor& real,
-                                       const torch::Tensor& token_ids) {
+                                       const torch::Tensor& token_ids, const BatchShard* shard) {
   torch::Tensor h = x + self_attn(input_layernorm(x), rope, cache);  // [B, T, H]
   torch::Tensor normed = post_attention_layernorm(h);
   if (moe_mlp) {
     // Generation (a KV cache) reads only the logits: no router statistics.
-    MoEOutput moe = moe_mlp(normed, real, token_ids, /*stats=*/cache == nullptr);
+    MoEOutput moe = moe_mlp(normed, real, token_ids, /*stats=*/cache == nullptr, shard);
     torch::Tensor out = h + moe.y;
     return {out, std::move(moe)};
   }
@@ -79,8 +79,11 @@ double sequence_max_vio(const torch::Tensor& index, const torch::Tensor& real, i
 
 ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
                                                const torch::Tensor& labels, KVCache* cache,
-                                               StepRouting* step, bool head) {
+                                               StepRouting* step, bool head,
+                                               const BatchShard* shard) {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
+  TORCH_CHECK(!shard || !is_training() || model->dropout == 0,
+              "a micro-batch in shards needs dropout 0 (its masks come from one generator)");
   const int64_t past = cache && !cache->empty() ? (*cache)[0].length() : 0;
   TORCH_CHECK(past + input_ids.size(1) <= model->rope.cos.size(0), "sequence of ",
               past + input_ids.size(1), " positions exceeds max_position_embeddings (",
@@ -100,7 +103,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   std::vector<torch::Tensor> route_counts, probs_mean;  // global aux scope
   for (size_t i = 0; i < model->blocks.size(); ++i) {
     BlockOutput b =
-        model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real, token_ids);
+        model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real, token_ids, shard);
     h = b.hidden;
     const MoEOutput& m = b.moe;
     if (!m.aux_loss.defined()) continue;  // dense block
@@ -132,7 +135,11 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
          torch::full({1}, static_cast<double>(input_ids.numel()), torch::kFloat64)});  // [L*E + 1]
     StepRouting one_step;
     StepRouting& st = step ? *step : one_step;
-    if (st.sum_over_ranks) st.sum_over_ranks(local);
+    if (shard) {
+      shard->sum(local, st.sum_over_ranks);  // each shard keeps its own StepRouting, alike
+    } else if (st.sum_over_ranks) {
+      st.sum_over_ranks(local);
+    }
     const auto L = static_cast<int64_t>(route_counts.size());
     torch::Tensor counts = local.narrow(0, 0, L * cfg_.num_experts).view({L, cfg_.num_experts});
     st.counts = st.counts.defined() ? st.counts + counts : counts;
@@ -152,7 +159,10 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, out.logits.options());
 
   if (labels.defined()) {
-    out.loss = next_token_loss(out.logits, labels);  // logits[:, t] predict labels[:, t + 1]
+    // logits[:, t] predict labels[:, t + 1]; a shard's part: its sum over all rows' count
+    out.loss = shard ? next_token_loss(out.logits, labels, /*mean=*/false) /
+                           static_cast<double>(shard->targets)
+                     : next_token_loss(out.logits, labels);
   }
   return out;
 }

@@ -28,7 +28,8 @@ class MiniMindBlockImpl : public torch::nn::Module {
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
   BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
-                      const torch::Tensor& real = {}, const torch::Tensor& token_ids = {});
+                      const torch::Tensor& real = {}, const torch::Tensor& token_ids = {},
+                      const BatchShard* shard = nullptr);
 
   Attention self_attn{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -91,8 +92,12 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   // step: the optimizer step this forward belongs to (global aux scope; see StepRouting).
   // head false: stop after the blocks (no logits or loss; the routing analysis only reads
   // the routers, and the LM head is about half of a tiny model's work).
+  // shard: input_ids are some rows of a micro-batch trained in shards side by side; the
+  // losses are this shard's part of the micro-batch's (they add up over the shards), and
+  // with the global aux scope `step` sums its counts over the shards too.
   ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
-                        KVCache* cache = nullptr, StepRouting* step = nullptr, bool head = true);
+                        KVCache* cache = nullptr, StepRouting* step = nullptr, bool head = true,
+                        const BatchShard* shard = nullptr);
 
   // Aux-loss-free balancing after an optimizer step: each MoE layer's bias moves by its
   // counts of the whole step (per layer [E], all micro-batches and ranks).

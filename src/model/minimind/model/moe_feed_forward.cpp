@@ -93,7 +93,8 @@ torch::Tensor MOEFeedForwardImpl::capacity_keep(const torch::Tensor& index,
   return keep.view(index.sizes());  // [N, k]
 }
 
-torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch) const {
+torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch,
+                                           const BatchShard* shard) const {
   const auto E = static_cast<double>(num_experts_);
   if (cfg_.aux_loss_scope == "sequence") {
     // MiniMind2 seq_aux / DeepSeek-V3: ce[b,e] = count of b's (t, slot) on e / (S*k/E).
@@ -103,18 +104,26 @@ torch::Tensor MOEFeedForwardImpl::aux_loss(const Routing& r, int64_t batch) cons
                     torch::ones({batch, S * top_k_}, r.probs.options()));
     ce.div_(static_cast<double>(S * top_k_) / E);
     torch::Tensor p = r.probs.view({batch, S, num_experts_}).mean(1);  // [B, E]
-    return (ce * p).sum(1).mean() * cfg_.router_aux_loss_coef;
+    torch::Tensor per_row = (ce * p).sum(1);                           // [B]
+    // A shard's rows are whole sequences: its part of the mean over all rows.
+    return (shard ? per_row.sum() / static_cast<double>(shard->rows) : per_row.mean()) *
+           cfg_.router_aux_loss_coef;
   }
   // MiniMind's form keeps the top-k axis (load is [k, E]), so its floor is k * coef.
   // load[j][e] = share of tokens whose slot j chose e: counted with bincount over j*E + e
   // (the same integers and division as one_hot(...).mean(0), without the [N, k, E] tensor).
-  const int64_t N = r.index.size(0);
+  // A shard: the shares over the whole micro-batch (counts summed over the shards), times
+  // this shard's part of the mean score.
+  const int64_t N = shard ? shard->tokens : r.index.size(0);
   torch::Tensor slot_expert = r.index + torch::arange(top_k_, r.index.options()) * num_experts_;
-  torch::Tensor load = torch::bincount(slot_expert.reshape({-1}), {}, top_k_ * num_experts_)
-                           .view({top_k_, num_experts_})
-                           .to(torch::kFloat32) /
-                       static_cast<double>(N);  // [k, E]
-  return (load * r.probs.mean(0)).sum() * E * cfg_.router_aux_loss_coef;
+  torch::Tensor counts =
+      torch::bincount(slot_expert.reshape({-1}), {}, top_k_ * num_experts_);  // [k*E]
+  if (shard) shard->sum(counts);
+  torch::Tensor load =
+      counts.view({top_k_, num_experts_}).to(torch::kFloat32) / static_cast<double>(N);  // [k, E]
+  torch::Tensor mean_probs =
+      shard ? r.probs.sum(0) / static_cast<double>(N) : r.probs.mean(0);  // [E]
+  return (load * mean_probs).sum() * E * cfg_.router_aux_loss_coef;
 }
 
 torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Routing& r,
@@ -172,7 +181,10 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
 }
 
 MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real,
-                                      const torch::Tensor& token_ids, bool stats) {
+                                      const torch::Tensor& token_ids, bool stats,
+                                      const BatchShard* shard) {
+  TORCH_CHECK(!shard || (cfg_.capacity_factor <= 0 && cfg_.router != "random"),
+              "a micro-batch in shards needs a dropless MoE without the random router");
   const int64_t H = x.size(-1);
   torch::Tensor x_flat = x.reshape({-1, H});  // [N, H]
   const Routing r = route(x_flat, token_ids);
@@ -193,16 +205,18 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   if (train_router && cfg_.router_aux_loss_coef > 0) {
     if (cfg_.aux_loss_scope == "global") {
       out.route_counts = chosen_counts.to(torch::kFloat64);
-      out.probs_mean = r.probs.mean(0);  // [E]
+      out.probs_mean = shard ? r.probs.sum(0) / static_cast<double>(shard->tokens)
+                             : r.probs.mean(0);  // [E] (a shard: its part of the mean)
     } else {
-      out.aux_loss = aux_loss(r, x.size(0));
+      out.aux_loss = aux_loss(r, x.size(0), shard);
     }
   }
   if (r.logits.defined() && (stats || train_router)) {
     const bool z_trains = train_router && cfg_.router_z_loss_coef > 0;
     c10::optional<torch::NoGradGuard> no_grad;  // logged only: keep it out of the graph
     if (!z_trains) no_grad.emplace();
-    torch::Tensor z = torch::logsumexp(r.logits, -1).pow(2).mean();  // []
+    torch::Tensor lse2 = torch::logsumexp(r.logits, -1).pow(2);  // [N]
+    torch::Tensor z = shard ? lse2.sum() / static_cast<double>(shard->tokens) : lse2.mean();
     if (z_trains) out.z_loss = z * cfg_.router_z_loss_coef;
     out.z = z.detach();
   }

@@ -8,12 +8,32 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "minimind/config.h"
 #include "minimind/model/feed_forward.h"
+#include "minimind/util/side_by_side.h"
 
 namespace minimind {
+
+// A forward over one shard of a micro-batch (some of its rows), run side by side with the
+// other shards (train_step.cpp): every mean over the micro-batch divides by the whole
+// micro-batch's count, and the expert shares the micro-batch aux loss reads are summed
+// over the shards, so the shards' losses add up to the micro-batch's loss. Not for
+// capacity (which ranks the whole batch's tokens), the random router or dropout (which
+// draw from torch's one generator); batch_shards() says when shards are allowed.
+struct BatchShard {
+  int index = 0;                // this shard, 0 .. group->size() - 1
+  ShardGroup* group = nullptr;  // the micro-batch's shards
+  int64_t rows = 0;             // B of the whole micro-batch
+  int64_t tokens = 0;           // B * T of the whole micro-batch
+  int64_t targets = 0;          // labels the LM loss counts (labels[:, 1:] != -100), all rows
+  // In place: the sum of `t` over the shards (each shard calls it), then `then` once.
+  void sum(torch::Tensor& t, const std::function<void(torch::Tensor&)>& then = {}) const {
+    group->sum(index, t, then);
+  }
+};
 
 struct MoEOutput {
   torch::Tensor y;         // [B, T, H]
@@ -45,9 +65,11 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // x: [B, T, H]. real: [B*T] bool, false at padding positions, which are routed and
   // computed like any token (as MiniMind does) but left out of `counts`; undefined = all
   // real. token_ids: [B*T] int64, read by the hash router only. stats = false (generation
-  // with the KV cache, where nobody reads them) skips z, probs and router_sums.
+  // with the KV cache, where nobody reads them) skips z, probs and router_sums. shard: x
+  // is one shard of the micro-batch (losses are this shard's part of the micro-batch's).
   MoEOutput forward(const torch::Tensor& x, const torch::Tensor& real = {},
-                    const torch::Tensor& token_ids = {}, bool stats = true);
+                    const torch::Tensor& token_ids = {}, bool stats = true,
+                    const BatchShard* shard = nullptr);
 
   // Aux-loss-free balancing: b_e += u * sign(mean(c) - c_e) from one optimizer step's
   // counts (all micro-batches and ranks). No-op unless router_bias_update_rate > 0.
@@ -67,7 +89,7 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   Routing route(const torch::Tensor& x_flat, const torch::Tensor& token_ids);
   // [N, k] bool: the assignments within each expert's capacity.
   torch::Tensor capacity_keep(const torch::Tensor& index, const torch::Tensor& weight) const;
-  torch::Tensor aux_loss(const Routing& r, int64_t batch) const;
+  torch::Tensor aux_loss(const Routing& r, int64_t batch, const BatchShard* shard) const;
   // The routed experts' weighted sum [N, H] for x_flat [N, H]; sets out.keep (capacity)
   // and chosen_counts [E], the router's choices per expert before dropping.
   torch::Tensor dispatch(const torch::Tensor& x_flat, const Routing& r, MoEOutput& out,

@@ -7,6 +7,7 @@
 
 #include "minimind/data/prepare.h"
 #include "minimind/train/optim.h"
+#include "minimind/train/train_step.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 
@@ -67,6 +68,7 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   }
   if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
   s.threads = use_threads(cfg.run.threads, dist.env().local_world_size);
+  s.shards = batch_shards(cfg.model, cfg.train.batch_size, s.threads);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
   // the cache. The run directory keeps its own copy of the tokenizer.
@@ -134,12 +136,14 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   const ModelConfig& m = cfg.model;
   log.info(
       "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
-      "{} threads{}, BLAS {:.0f} GFLOP/s",
+      "{} threads{}{}, BLAS {:.0f} GFLOP/s",
       m.num_hidden_layers, m.hidden_size,
       m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                 : std::string("dense"),
       n.total / 1e6, n.active / 1e6, s.threads,
       dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
+      s.shards > 1 ? fmt::format(" (each micro-batch in {} shards side by side)", s.shards)
+                   : std::string(),
       blas.gflops);
 }
 

@@ -28,6 +28,7 @@ struct TrainSession {
   // here, while the main prints it on the console.
   std::shared_ptr<spdlog::logger> file_log;
   int threads = 1;
+  int shards = 1;  // each micro-batch in this many shards side by side (batch_shards)
   TokenFile train_tokens;
   std::optional<TokenFile> val_tokens;  // none when there is no validation split
   std::optional<BatchSampler> sampler;  // draws from train_tokens, positioned to continue

@@ -26,6 +26,8 @@ struct StepStats {
   int64_t tokens = 0;              // input tokens of all micro-batches
   bool finite = true;              // false: nothing was applied
   double comm_seconds = 0;         // in all-reduces (multi-process runs)
+  double micro_seconds = 0;        // forwards and backwards of the micro-batches
+  double forward_seconds = 0;      // of which forwards (shards: the first shard's)
 };
 
 }  // namespace minimind

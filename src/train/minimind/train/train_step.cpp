@@ -5,6 +5,8 @@
 #include <optional>
 
 #include "minimind/train/optim.h"
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/side_by_side.h"
 #include "minimind/util/stopwatch.h"
 
 namespace minimind {
@@ -55,16 +57,24 @@ std::vector<double> to_doubles(const torch::Tensor& t) {
 class RouterGradProbe {
  public:
   explicit RouterGradProbe(const MiniMindForCausalLM& model) : gates_(model->router_weights()) {}
-  // Before backward of this micro-batch; `balance` is its (aux + z) / A.
-  void add(const torch::Tensor& balance) {
-    if (gates_.empty() || !balance.requires_grad()) return;
-    const Stopwatch clock;
-    auto g = torch::autograd::grad({balance}, gates_, {}, /*retain_graph=*/true,
-                                   /*create_graph=*/false, /*allow_unused=*/true);
+  // Before backward of this micro-batch (or shard); `balance` is its (aux + z) / A. Safe
+  // to call from the shards' threads at once (it only reads).
+  std::vector<torch::Tensor> grads_of(const torch::Tensor& balance) const {
+    if (gates_.empty() || !balance.requires_grad()) return {};
+    return torch::autograd::grad({balance}, gates_, {}, /*retain_graph=*/true,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  }
+  // Adds those gradients (the shards' in shard order) and what they cost.
+  void add(const std::vector<torch::Tensor>& g, double seconds) {
     if (sums_.empty()) sums_.resize(gates_.size());
     for (size_t l = 0; l < g.size(); ++l)
       if (g[l].defined()) sums_[l] = sums_[l].defined() ? sums_[l] + g[l] : g[l];
-    seconds_ += clock.seconds();
+    seconds_ += seconds;
+  }
+  void add(const torch::Tensor& balance) {
+    const Stopwatch clock;
+    const auto g = grads_of(balance);
+    add(g, clock.seconds());
   }
   // After the gradients are final (averaged over ranks): the norms per layer.
   void split(StepStats& s, Distributed* dist) {
@@ -90,11 +100,117 @@ class RouterGradProbe {
   double seconds_ = 0;
 };
 
+// Adds one micro-batch's figures to the step's, or one shard's (whose losses are its part
+// of the micro-batch's, so the shards' add up to it); `tokens` its input tokens.
+void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, double A) {
+  s.lm_loss += out.loss.item<double>() / A;
+  s.aux_loss += out.aux_loss.item<double>() / A;
+  s.z_loss += out.z_loss.item<double>() / A;
+  std::vector<double> aux, z;
+  std::vector<int64_t> dropped;
+  for (const auto& t : out.layer_aux) aux.push_back(t.item<double>() / A);
+  for (const auto& t : out.layer_z) z.push_back(t.item<double>() / A);
+  for (const auto& t : out.layer_dropped) dropped.push_back(t.item<int64_t>());
+  accumulate(s.layer_aux, aux);
+  accumulate(s.layer_z, z);
+  add_counts(s.layer_dropped, dropped);
+  s.layer_seq_max_vio.resize(out.layer_seq_max_vio.size(), 0.0);
+  for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
+    s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
+  s.counts.add(out.expert_counts);
+  s.counts.add_router(out.layer_router);
+  s.tokens += tokens;
+}
+
+// Each micro-batch in `shards` row ranges trained side by side, one core each
+// (side_by_side.h). A shard's forward gives its part of the micro-batch's losses
+// (BatchShard); its gradient comes back from autograd::grad rather than landing in .grad,
+// and the shards' gradients are added in shard order and then onto .grad: the same bits
+// run after run, and within float rounding of the unsplit micro-batch (tested).
+class ShardedMicroBatches {
+ public:
+  ShardedMicroBatches(int shards, std::vector<torch::Tensor> params, const StepRouting& routing)
+      : group_(shards), params_(std::move(params)), routing_(static_cast<size_t>(shards), routing) {
+    for (size_t i = 0; i < params_.size(); ++i) order_.push_back(static_cast<int64_t>(i));
+    std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
+      return params_[static_cast<size_t>(a)].numel() > params_[static_cast<size_t>(b)].numel();
+    });
+  }
+
+  void run(MiniMindForCausalLM& model, const Batch& batch, double A, RouterGradProbe* probe,
+           StepStats& s) {
+    const int n = group_.size();
+    const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
+    TORCH_CHECK(B >= n, "a micro-batch of ", B, " rows cannot make ", n, " shards");
+    const int64_t targets = (batch.labels.narrow(1, 1, T - 1) != -100).sum().item<int64_t>();
+    struct Part {
+      ForwardOutput out;
+      std::vector<torch::Tensor> grads, balance;
+      int64_t tokens = 0;
+      double forward_seconds = 0, balance_seconds = 0;
+    };
+    std::vector<Part> parts(static_cast<size_t>(n));
+    run_side_by_side(n, group_, [&](int i) {
+      const int64_t r0 = B * i / n, rows = B * (i + 1) / n - r0;
+      const BatchShard shard{i, &group_, B, B * T, targets};
+      Part& p = parts[static_cast<size_t>(i)];
+      const Stopwatch clock;
+      p.out = model(batch.input_ids.narrow(0, r0, rows), batch.labels.narrow(0, r0, rows), nullptr,
+                    &routing_[static_cast<size_t>(i)], /*head=*/true, &shard);
+      p.forward_seconds = clock.seconds();
+      if (probe) {
+        const Stopwatch probe_clock;
+        p.balance = probe->grads_of((p.out.aux_loss + p.out.z_loss) / A);
+        p.balance_seconds = probe_clock.seconds();
+      }
+      p.grads = torch::autograd::grad({(p.out.loss + p.out.aux_loss + p.out.z_loss) / A}, params_,
+                                      {}, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+      p.out.logits = torch::Tensor();  // [rows, T, V], read by nobody now
+      p.tokens = rows * T;
+    });
+    for (const Part& p : parts) add_micro_batch(s, p.out, p.tokens, A);
+    s.forward_seconds += parts[0].forward_seconds;
+    if (probe)  // the shards measured side by side: the wall time is one shard's
+      for (const Part& p : parts) probe->add(p.balance, &p == &parts[0] ? p.balance_seconds : 0);
+    // Each parameter's gradient: the shards' in shard order, then onto .grad.
+    run_blas_tasks(order_, [&](int64_t j) {
+      torch::Tensor sum;
+      for (const Part& p : parts) {
+        const torch::Tensor& g = p.grads[static_cast<size_t>(j)];
+        if (g.defined()) sum = sum.defined() ? sum + g : g;
+      }
+      if (!sum.defined()) return;
+      torch::Tensor& grad = params_[static_cast<size_t>(j)].mutable_grad();
+      if (grad.defined()) {
+        grad.add_(sum);
+      } else {
+        grad = sum.is_contiguous() ? sum : sum.contiguous();  // autograd's may be expanded
+      }
+    });
+  }
+
+ private:
+  ShardGroup group_;
+  std::vector<torch::Tensor> params_;
+  std::vector<int64_t> order_;        // parameters, the largest first (run_blas_tasks)
+  std::vector<StepRouting> routing_;  // one per shard (global aux scope), kept alike
+};
+
 }  // namespace
+
+int batch_shards(const ModelConfig& model, int64_t batch_size, int threads) {
+  if (threads < 2 || batch_size < 2) return 1;
+  if (model.dropout > 0) return 1;  // masks drawn from torch's one generator, in order
+  if (model.use_moe && (model.capacity_factor > 0 || model.router == "random"))
+    return 1;  // capacity ranks the whole batch's tokens; the random router draws
+  return static_cast<int>(std::min<int64_t>(threads, batch_size));
+}
 
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr, Distributed* dist, bool router_grads) {
+                         double grad_clip, double lr, Distributed* dist, bool router_grads,
+                         int shards) {
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   StepStats s;
@@ -105,32 +221,26 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     routing.sum_over_ranks = [dist](torch::Tensor& t) { dist->all_reduce_sum(t); };
   std::optional<RouterGradProbe> probe;
   if (router_grads) probe.emplace(model);
-  for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
-    Batch batch = next_batch();
-    ForwardOutput out = model(batch.input_ids, batch.labels, nullptr, &routing);
-    if (probe) probe->add((out.aux_loss + out.z_loss) / A);
-    ((out.loss + out.aux_loss + out.z_loss) / A).backward();
-    s.lm_loss += out.loss.item<double>() / A;
-    s.aux_loss += out.aux_loss.item<double>() / A;
-    s.z_loss += out.z_loss.item<double>() / A;
-    std::vector<double> aux, z, spread;
-    std::vector<int64_t> dropped;
-    for (const auto& t : out.layer_aux) aux.push_back(t.item<double>() / A);
-    for (const auto& t : out.layer_z) z.push_back(t.item<double>() / A);
-    for (const auto& t : out.layer_dropped) dropped.push_back(t.item<int64_t>());
-    accumulate(s.layer_aux, aux);
-    accumulate(s.layer_z, z);
-    add_counts(s.layer_dropped, dropped);
-    s.layer_seq_max_vio.resize(out.layer_seq_max_vio.size(), 0.0);
-    for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
-      s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
-    s.counts.add(out.expert_counts);
-    s.counts.add_router(out.layer_router);
-    s.tokens += batch.input_ids.numel();
-  }
   std::vector<torch::Tensor> params;
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params()) params.push_back(p);
+  std::optional<ShardedMicroBatches> sharded;
+  if (shards > 1) sharded.emplace(shards, params, routing);
+  const Stopwatch micro_clock;
+  for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
+    Batch batch = next_batch();
+    if (sharded) {
+      sharded->run(model, batch, A, probe ? &*probe : nullptr, s);
+      continue;
+    }
+    const Stopwatch forward_clock;
+    ForwardOutput out = model(batch.input_ids, batch.labels, nullptr, &routing);
+    s.forward_seconds += forward_clock.seconds();
+    if (probe) probe->add((out.aux_loss + out.z_loss) / A);
+    ((out.loss + out.aux_loss + out.z_loss) / A).backward();
+    add_micro_batch(s, out, batch.input_ids.numel(), A);
+  }
+  s.micro_seconds = micro_clock.seconds();
   fill_missing_gradients(params);
   if (dist && dist->world_size() > 1) {
     const double before = dist->comm_seconds();

@@ -25,9 +25,17 @@ namespace minimind {
 // router_grads: also measure, per MoE layer with a learned router, the norms of the router
 // weight's gradient from the LM loss and from the balancing losses (aux + z) apart
 // (StepStats::layer_grad_lm / layer_grad_balance); the trainer asks at log steps only.
+// shards > 1: each micro-batch is trained in that many row ranges side by side, one core
+// each (side_by_side.h); the losses, counts and gradients are the micro-batch's within
+// float rounding, and the same bits run after run. batch_shards() says how many to use.
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, int64_t accumulation_steps,
                          double grad_clip, double lr, Distributed* dist = nullptr,
-                         bool router_grads = false);
+                         bool router_grads = false, int shards = 1);
+
+// How many shards a micro-batch of `batch_size` rows is trained in on `threads` cores: one
+// per thread (at most one per row), or 1 when a step draws from torch's one generator in
+// order (dropout, the random router) or ranks the whole batch's tokens (capacity).
+int batch_shards(const ModelConfig& model, int64_t batch_size, int threads);
 
 }  // namespace minimind

@@ -124,7 +124,7 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     const bool log_step = next % cfg.log.interval == 0 || next == tc.max_steps;
     const StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, tc.accumulation_steps,
-        tc.grad_clip, lr, &dist, log_step && cfg.model.use_moe);
+        tc.grad_clip, lr, &dist, log_step && cfg.model.use_moe, s->shards);
     result.comm_seconds += st.comm_seconds;
     result.router_grad_seconds += st.router_grad_seconds;
     // A non-finite step changed no weight: stop with the last checkpoint intact.
