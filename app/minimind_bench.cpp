@@ -216,6 +216,11 @@ int main(int argc, char** argv) {
     const int64_t B = 8, T = 256;
     torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
 
+    if (shards > 1 && batch_shards(cfg.model, B, shards) == 1)
+      throw ConfigError(
+          "--shards " + std::to_string(shards) + ": this config keeps each micro-batch whole",
+          "capacity, the random router and dropout rank or draw over the whole "
+          "micro-batch; leave --shards out");
     const int n_shards = shards > 0 ? shards : batch_shards(cfg.model, B, n_threads);
     std::vector<double> fwd, bwd, optim, total;
     for (int s = 0; s < warmup + steps; ++s) {

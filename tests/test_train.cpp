@@ -473,6 +473,17 @@ TEST(FusedAdamW, SpreadOverTheCoresGivesTheNumbersOfOne) {
   set_blas_threads(before);
 }
 
+// A model with the same initial weights every call, in `dtype`, and its AdamW.
+std::pair<MiniMindForCausalLM, std::unique_ptr<torch::optim::AdamW>> seeded_model(
+    const Config& cfg, torch::Dtype dtype) {
+  torch::manual_seed(11);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  model->to(dtype);
+  auto opt = make_optimizer(model->parameters(), cfg.train);
+  return {model, std::move(opt)};
+}
+
 TEST(ShardGroup, SumsInShardOrderAndAbortFreesTheWaiting) {
   ShardGroup group(3);
   std::vector<torch::Tensor> got(3);
@@ -536,11 +547,7 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
   torch::Tensor labels = rows.clone();
   labels.narrow(1, 12, 5).fill_(-100);  // padding at the end of every row
   auto run = [&](int shards, torch::Dtype dtype) {
-    torch::manual_seed(11);
-    MiniMindForCausalLM model(cfg.model);
-    init_weights(model);
-    model->to(dtype);
-    auto opt = make_optimizer(model->parameters(), cfg.train);
+    auto [model, opt] = seeded_model(cfg, dtype);
     int64_t next = 0;
     auto batches = [&] {  // two micro-batches of 5 rows per step
       const int64_t r = next++ % 2 * 5;
@@ -648,11 +655,7 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
   torch::manual_seed(3);
   torch::Tensor rows = torch::randint(3, 256, {8, 17}, torch::kLong);  // pack rows, no padding
   auto run = [&](int64_t batch, int64_t accumulation, torch::Dtype dtype, bool step) {
-    torch::manual_seed(11);
-    MiniMindForCausalLM model(cfg.model);
-    init_weights(model);
-    model->to(dtype);
-    auto opt = make_optimizer(model->parameters(), cfg.train);
+    auto [model, opt] = seeded_model(cfg, dtype);
     int64_t next = 0;
     auto batches = [&] {
       torch::Tensor b = rows.narrow(0, next, batch);
@@ -963,6 +966,31 @@ TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
               train(cfg, again);
             }).find("hint: continue it with --resume (from step_00000008)"),
             std::string::npos);
+}
+
+// Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still
+// repeats the uninterrupted one bit for bit.
+TEST(Trainer, ResumeInShardsContinuesWithTheSameLosses) {
+  const std::string dir = temp_dir("resume_shards");
+  Config cfg = tiny_config(dir, {"run.threads=2"});
+  ASSERT_EQ(batch_shards(cfg.model, cfg.train.batch_size, 2), 2);
+  TrainOptions full_options;
+  full_options.out_dir = dir + "/full";
+  const TrainResult full = train(cfg, full_options);
+  EXPECT_NE(read_text(dir + "/full/train.log").find("each micro-batch in 2 shards side by side"),
+            std::string::npos);
+  TrainOptions first_options;
+  first_options.out_dir = dir + "/split";
+  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
+  const TrainResult first = train(cfg, first_options);
+  ASSERT_EQ(first.step, 3);
+  TrainOptions resume;
+  resume.out_dir = dir + "/split";
+  resume.resume = true;
+  const TrainResult second = train(cfg, resume);
+  std::vector<double> joined = first.step_losses;
+  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
+  EXPECT_EQ(joined, full.step_losses);
 }
 
 TEST(Trainer, StopRequestSavesACheckpointAndStops) {
