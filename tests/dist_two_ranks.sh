@@ -110,6 +110,12 @@ for name in dense moe moelab; do
   grep -q "2 ranks: all-reduce" "$WORK/$name-2x4.log" || { echo "FAIL: no all-reduce line" >&2; exit 1; }
   compare "$WORK/$name-1x8" "$WORK/$name-2x4" 1e-5 "$name 1x8 vs 2x4"
 done
+# Each rank with two threads trains its micro-batches in 2 shards side by side: the global
+# aux scope then sums the shards' counts, then the ranks' (once per shard group).
+two moelab moelab-2x4-shards --set run.threads=2 || { cat "$WORK/moelab-2x4-shards.log"; exit 1; }
+grep -q "each micro-batch in 2 shards side by side" "$WORK/moelab-2x4-shards.log" ||
+  { echo "FAIL: the ranks did not train in shards" >&2; exit 1; }
+compare "$WORK/moelab-1x8" "$WORK/moelab-2x4-shards" 1e-5 "moelab 1x8 vs 2x4 in 2 shards per rank"
 one moeaux moeaux-1x8
 two moeaux moeaux-2x4
 "$PY" - "$WORK/moeaux-1x8" "$WORK/moeaux-2x4" <<'PY'
