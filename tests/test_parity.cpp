@@ -32,6 +32,7 @@ using namespace minimind;
 namespace {
 
 constexpr double kTol = 1e-5;
+constexpr double kShardWeightTol = 1e-4;  // weights after 5 steps in shards (see there)
 
 const std::vector<std::string> kCases = {
     "dense_train", "dense_eval", "dense_untied_train", "moe_top1_norm_train", "moe_top1_norm_eval",
@@ -254,7 +255,12 @@ TEST_P(Parity, MatchesReference) {
 
     // The same steps with each micro-batch in two shards side by side (3 rows: 1 + 2),
     // as the trainer runs them on two cores when the method allows (batch_shards): the
-    // losses, router gradients, weights and bias within the same tolerance.
+    // losses, router gradients and bias within the same tolerance. The weights after five
+    // AdamW steps within 1e-4: a shard's GEMMs have other shapes than the reference's, so
+    // they round differently, and AdamW turns a rounding in a near-zero gradient into a
+    // step of up to lr (5e-4) — with OpenBLAS's Cooperlake kernels lab_sigmoid_top1 ended
+    // 2.2e-5 from the reference (the whole micro-batch, whose GEMMs are the reference's,
+    // 3.1e-6). tests/test_train.cpp checks the shards' algebra in float64 (to 1e-9).
     if (batch_shards(model->config(), ids.size(0), 2) > 1) {
       MiniMindForCausalLM sharded = build(fx, name);
       sharded->train();
@@ -287,7 +293,7 @@ TEST_P(Parity, MatchesReference) {
       for (const auto& p : sharded->named_parameters())
         d_shard_weights =
             std::max(d_shard_weights, max_abs_diff(p.value().detach(), ref_after.at(p.key())));
-      EXPECT_LE(d_shard_weights, kTol) << "in shards";
+      EXPECT_LE(d_shard_weights, kShardWeightTol) << "in shards";
       if (fx.contains("bias_after"))
         EXPECT_LE(
             max_abs_diff(torch::stack(sharded->router_biases()), fx.at("bias_after").toTensor()),

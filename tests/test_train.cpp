@@ -1409,7 +1409,10 @@ TEST(Golden, MoePresetLossesPerStep) {
   const RunLogs logs = read_run_logs(dir + "/run");
   ASSERT_EQ(logs.train.size(), 12u);
   const bool same_kernels = blas_core_name() == golden_core;
-  const double tol = same_kernels ? 0.0 : 1e-4;
+  // Other kernels round every GEMM differently and 12 steps of training carry that on:
+  // OpenBLAS's Cooperlake kernels (an AMD VM, 2026-12-01) ended the grad norm 1.6e-4 from
+  // the Prescott golden file at step 12 (SkylakeX and Haswell stayed within 1e-4).
+  const double tol = same_kernels ? 0.0 : 1e-3;
   if (!same_kernels)
     std::printf("OpenBLAS kernels '%s' differ from the golden file's '%s': comparing to %g\n",
                 blas_core_name().c_str(), golden_core.c_str(), tol);
