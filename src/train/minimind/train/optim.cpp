@@ -153,11 +153,6 @@ void clear_gradients(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();
 }
 
-double finish_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
-  fill_missing_gradients(params);
-  return clip_gradients(params, max_norm);
-}
-
 double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   if (max_norm > 0) {

@@ -43,7 +43,4 @@ double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm)
 // saves a fill and an add over every parameter per step. Same numbers: 0 + g == g.
 void clear_gradients(const std::vector<torch::Tensor>& params);
 
-// Both, as one process does at the end of an optimizer step's micro-batches.
-double finish_gradients(const std::vector<torch::Tensor>& params, double max_norm);
-
 }  // namespace minimind
