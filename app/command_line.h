@@ -1,18 +1,120 @@
-// Command-line parsing shared by the mains.
+// Command-line parsing and the console, shared by the mains.
 #pragma once
 
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <sstream>
 #include <string>
 
 namespace minimind_app {
 
+// "warning: " and "error: " before such lines; nothing before an ordinary one.
+class LevelWord : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
+    const char* word = msg.level == spdlog::level::warn  ? "warning: "
+                       : msg.level >= spdlog::level::err ? "error: "
+                                                         : "";
+    dest.append(word, word + std::strlen(word));
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<LevelWord>();
+  }
+};
+
+// Display columns of UTF-8 text: one per character, none for combining marks (the bar of
+// "H̄" is U+0304).
+inline size_t display_columns(const char* begin, const char* end) {
+  size_t n = 0;
+  for (const char* p = begin; p < end; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    const bool combining =
+        p + 1 < end && ((c == 0xCC && static_cast<unsigned char>(p[1]) >= 0x80) ||
+                        (c == 0xCD && static_cast<unsigned char>(p[1]) <= 0xAF));
+    if (!combining) ++n;
+  }
+  return n;
+}
+
+// Formats as `inner` does, then breaks a line wider than `width` columns at spaces, the
+// rest indented under the message: a long warning stays readable on a narrow terminal.
+// (train.log has a formatter of its own and keeps whole lines.)
+class WrappingFormatter : public spdlog::formatter {
+ public:
+  WrappingFormatter(std::unique_ptr<spdlog::formatter> inner, size_t width, size_t indent)
+      : inner_(std::move(inner)), width_(width), indent_(indent) {}
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    spdlog::memory_buf_t line;
+    inner_->format(msg, line);
+    const char* p = line.data();
+    const char* const end = line.data() + line.size();
+    size_t lead = 0;  // columns of the indent on continuation lines
+    while (true) {
+      const char* eol = std::find(p, end, '\n');
+      if (display_columns(p, eol) + lead <= width_) {
+        dest.append(p, end);
+        return;
+      }
+      // The last space that keeps the line within the width (none: the line stays whole).
+      const char* cut = nullptr;
+      for (const char* q = p; q < eol && display_columns(p, q) + lead <= width_; ++q)
+        if (*q == ' ') cut = q;
+      if (cut == nullptr || cut == p) {
+        dest.append(p, end);
+        return;
+      }
+      dest.append(p, cut);
+      dest.push_back('\n');
+      for (size_t i = 0; i < indent_; ++i) dest.push_back(' ');
+      lead = indent_;
+      p = cut + 1;
+    }
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<WrappingFormatter>(inner_->clone(), width_, indent_);
+  }
+
+ private:
+  std::unique_ptr<spdlog::formatter> inner_;
+  size_t width_, indent_;
+};
+
+// The console of every tool: stderr (stdout carries only data), each line after a short
+// time stamp ("12:03:45 step 100/300 ..."). On a terminal, lines are at most 120 columns
+// wide, or the terminal's width when that is narrower (at least 60); piped or redirected,
+// each message stays one line, for grep.
+inline void use_console_logger(const std::string& name) {
+  auto log = spdlog::stderr_color_mt(name);
+  auto pattern = std::make_unique<spdlog::pattern_formatter>();
+  pattern->add_flag<LevelWord>('*').set_pattern("%H:%M:%S %^%*%$%v");
+  winsize ws{};
+  if (isatty(STDERR_FILENO)) {
+    size_t width = 120;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+      width = std::clamp<size_t>(ws.ws_col, 60, 120);
+    log->set_formatter(std::make_unique<WrappingFormatter>(std::move(pattern), width, 11));
+  } else {
+    log->set_formatter(std::move(pattern));
+  }
+  spdlog::set_default_logger(log);
+}
+
 // Parses the command line. Returns -1 to go on, or the exit status: 0 after --help, 1 for a
 // usage error (printed by CLI11, naming the option); CLI11's own exit codes (100+) are not
-// used, so that every error of the tools exits 1 as the README says.
+// used, so that every error of the tools exits 1 as docs/training.md says.
 inline int parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);

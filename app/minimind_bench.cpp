@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
     std::cerr << "--profile: cannot write '" << profile << "': " << std::strerror(errno) << "\n";
     return 1;
   }
-  if (!default_malloc) minimind::tune_malloc();  // before the first large tensor
-  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-bench"));  // stdout: data only
+  if (!default_malloc) minimind::tune_malloc();        // before the first large tensor
+  minimind_app::use_console_logger("minimind-bench");  // stdout: data only
 
   return minimind::run_main([&] {
     using namespace minimind;

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "command_line.h"
 #include "minimind/analysis/compare.h"
@@ -32,14 +34,15 @@
 
 namespace {
 
+// The options of every subcommand; each subcommand registers the ones it reads.
 struct Args {
-  std::string checkpoint, config, tokenizer, data, prompt, inspect, report, analyze;
-  std::vector<std::string> data_list;  // --data, repeatable (NAME=FILE for --analyze)
-  std::string analyze_out;
-  std::vector<std::string> compare;  // run directories
-  std::string compare_out = "compare.html";
+  std::string path;  // checkpoint or run directory (loss, generate, analyze) or run (inspect)
+  std::string config, tokenizer, data, prompt, out;
+  bool prompt_given = false;
+  std::vector<std::string> data_list;  // analyze: repeatable, NAME=FILE
+  std::vector<std::string> runs;       // compare
   int64_t max_docs = -1, batch_size = 0, threads = 0;
-  bool json = false;
+  bool json = false, truncate = false;
   minimind::GenerateOptions gen;
 };
 
@@ -69,14 +72,24 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   }
   const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
   const Stopwatch clock;
-  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs);
+  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs, nullptr,
+                          a.truncate ? LongDocuments::truncate : LongDocuments::windows);
   const double secs = clock.seconds();
   std::filesystem::remove_all(tmp);
 
-  EvalSummary summary{r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs, m.weights, {}};
+  EvalSummary summary{r.loss,          r.ppl,     r.tokens, r.documents,     secs,
+                      r.tokens / secs, m.weights, {},       r.corpus_tokens, r.corpus_documents,
+                      a.truncate};
   spdlog::info(
-      "loss {:.4f} | ppl {:.2f} | {} predicted tokens of {} documents | {:.1f} s ({:.0f} tokens/s)",
-      r.loss, r.ppl, r.tokens, r.documents, secs, r.tokens / secs);
+      "loss {:.4f} | ppl {:.2f} | {} of {} tokens predicted, {} of {} documents{} | "
+      "{:.1f} s ({:.0f} tokens/s)",
+      r.loss, r.ppl, r.tokens, r.corpus_tokens, r.documents, r.corpus_documents,
+      r.rows > r.documents ? fmt::format(" in {} windows", r.rows) : "", secs, r.tokens / secs);
+  if (r.tokens < r.corpus_tokens)
+    spdlog::info("  {} tokens left out: {}", r.corpus_tokens - r.tokens,
+                 a.truncate ? fmt::format("--truncate keeps the first {} tokens of each document",
+                                          cfg.data.max_seq_len)
+                            : "--max-docs stops before the end of the corpus");
   for (size_t l = 0; l < r.expert_counts.layers.size(); ++l) {
     const RoutingMetrics rm = routing_metrics(r.expert_counts.layers[l]);
     const RouterInfo ri = r.expert_counts.router_info(l);
@@ -150,9 +163,9 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
                                         : std::string("too few tokens"),
                  l.repeat_rate, l.repeat_chance);
   if (!r.saturation_note.empty()) spdlog::info("{}", r.saturation_note);
-  const std::string out = !a.analyze_out.empty() ? a.analyze_out
-                          : !m.run_dir.empty()   ? m.run_dir + "/analysis.html"
-                                                 : "analysis.html";
+  const std::string out = !a.out.empty()       ? a.out
+                          : !m.run_dir.empty() ? m.run_dir + "/analysis.html"
+                                               : "analysis.html";
   write_file_atomic(out, render_analysis_page(r));
   spdlog::info("wrote {}", out);
   if (a.json) std::cout << nlohmann::json(r).dump() << std::endl;
@@ -204,112 +217,164 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
 
 }  // namespace
 
+// The flag forms of earlier versions (--checkpoint, --inspect, ...) as the subcommand that
+// replaced them, e.g. "minimind-eval inspect runs/moe"; empty when argv has none of them.
+std::string old_form_as_subcommand(int argc, char** argv) {
+  static const std::map<std::string, std::string> mode = {{"--checkpoint", "loss"},
+                                                          {"--inspect", "inspect"},
+                                                          {"--report", "report"},
+                                                          {"--compare", "compare"},
+                                                          {"--analyze", "analyze"}};
+  std::string sub, path, rest;
+  bool prompt = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (const auto it = mode.find(arg); it != mode.end()) {
+      sub = it->second;
+      for (; i + 1 < argc && argv[i + 1][0] != '-'; ++i) path += std::string(" ") + argv[i + 1];
+    } else if (arg == "--compare-out" || arg == "--analyze-out") {
+      rest += " --out";
+    } else {
+      prompt = prompt || arg == "--prompt";
+      rest += " " + (arg.find(' ') == std::string::npos ? arg : "\"" + arg + "\"");
+    }
+  }
+  if (sub.empty()) return "";
+  if (sub == "loss" && prompt) sub = "generate";
+  return "minimind-eval " + sub + path + rest;
+}
+
 int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
   minimind::tune_malloc();                      // before the first large tensor
+  if (const std::string now = old_form_as_subcommand(argc, argv); !now.empty()) {
+    std::cerr << "minimind-eval: the mode flags (--checkpoint, --inspect, --report, --compare, "
+                 "--analyze) became subcommands; run:\n  "
+              << now << "\n";
+    return 1;
+  }
+  // "minimind-eval PATH [options]" is "minimind-eval loss PATH [options]".
+  std::vector<char*> args(argv, argv + argc);
+  static const std::set<std::string> subcommands = {"loss",   "generate", "inspect",
+                                                    "report", "compare",  "analyze"};
+  static char loss_word[] = "loss";
+  if (argc > 1 && argv[1][0] != '-' && !subcommands.count(argv[1]))
+    args.insert(args.begin() + 1, loss_word);
+
   CLI::App app{
-      "minimind-eval: evaluate a checkpoint, generate text, or inspect a run's expert load"};
+      "minimind-eval: evaluate a checkpoint, generate text, or look at a run's expert "
+      "load and routing.\n"
+      "minimind-eval PATH [options] is short for minimind-eval loss PATH [options]."};
+  app.require_subcommand(1);
+  app.footer("Each subcommand has its own --help.");
   Args a;
-  bool no_cache = false;
-  app.add_option(
-      "--checkpoint", a.checkpoint,
-      "checkpoint directory (runs/X/checkpoints/step_N), run directory, or MiniMind .pth");
-  app.add_option("--config", a.config, "YAML config (required for a bare .pth)");
-  app.add_option("--tokenizer", a.tokenizer,
-                 "sentencepiece .model (default: the run's tokenizer.model)");
-  app.add_option("--data", a.data_list,
-                 "JSONL corpus to evaluate (default: the run's validation split); with "
-                 "--analyze, repeatable as NAME=FILE.jsonl, one domain each");
-  app.add_option("--max-docs", a.max_docs, "evaluate at most N documents")
-      ->check(minimind_app::integer_in(1, std::numeric_limits<int64_t>::max()));
-  app.add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
-      ->check(minimind_app::integer_in(1, int64_t{1} << 20));
-  app.add_option("--threads", a.threads, "intra-op threads (default: one per core)")
-      ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
-  app.add_flag("--json", a.json, "print one JSON object on stdout (human output goes to stderr)");
-  app.add_option("--prompt", a.prompt, "generate a continuation of TEXT");
-  app.add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
+  bool no_cache = false, ignore_eos = false;
+  const std::string model_path =
+      "checkpoint directory (RUN/checkpoints/step_N), run directory (its newest checkpoint), or "
+      "MiniMind .pth (with --config)";
+  // Options shared by the subcommands that load a model.
+  auto model_options = [&](CLI::App* sub) {
+    sub->add_option("PATH", a.path, model_path)->required();
+    sub->add_option("--config", a.config, "YAML config (required for a bare .pth)");
+    sub->add_option("--tokenizer", a.tokenizer,
+                    "sentencepiece .model (default: the run's tokenizer.model)");
+    sub->add_option("--threads", a.threads, "intra-op threads (default: one per core)")
+        ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
+  };
+  auto corpus_options = [&](CLI::App* sub) {
+    sub->add_option("--max-docs", a.max_docs, "evaluate at most N documents")
+        ->check(minimind_app::integer_in(1, std::numeric_limits<int64_t>::max()));
+    sub->add_option("--batch-size", a.batch_size, "rows per forward (default: train.batch_size)")
+        ->check(minimind_app::integer_in(1, int64_t{1} << 20));
+    sub->add_flag("--json", a.json,
+                  "print one JSON object on stdout (human output goes to stderr)");
+  };
+
+  CLI::App* loss = app.add_subcommand("loss", "loss, perplexity and expert load on a corpus");
+  model_options(loss);
+  loss->add_option("--data", a.data, "JSONL corpus (default: the run's validation split)");
+  corpus_options(loss);
+  loss->add_flag("--truncate", a.truncate,
+                 "keep only the first data.max_seq_len tokens of each document, as MiniMind's "
+                 "PretrainDataset does (default: every token, in windows)");
+
+  CLI::App* gen = app.add_subcommand("generate", "continue a prompt, streaming the text");
+  model_options(gen);
+  gen->add_option("--prompt", a.prompt, "the text to continue (not empty)")->required();
+  gen->add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
       ->check(minimind_app::integer_in(0, int64_t{1} << 30));
   // Below 0.01, or a penalty outside [0.01, 100], logits of ordinary size overflow float.
-  app.add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
+  gen->add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
       ->check(minimind_app::number_in(0.01, 100));
-  app.add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
+  gen->add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
       ->check(minimind_app::integer_in(0, int64_t{1} << 30));
-  app.add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
+  gen->add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
       ->check(minimind_app::number_in(0, 1));
-  app.add_option("--repetition-penalty", a.gen.repetition_penalty,
-                 "MiniMind's penalty, 1 = off (default 1.0)")
+  gen->add_option("--repetition-penalty", a.gen.repetition_penalty,
+                  "MiniMind's penalty, 1 = off (default 1.0)")
       ->check(minimind_app::number_in(0.01, 100));
-  app.add_option("--seed", a.gen.seed, "sampling seed (default 42)")
+  gen->add_option("--seed", a.gen.seed, "sampling seed (default 42)")
       ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
-  app.add_flag("--greedy", a.gen.greedy, "always take the most likely token");
-  bool ignore_eos = false;
-  app.add_flag("--ignore-eos", ignore_eos,
-               "keep generating past the end-of-text token (for timing a fixed length)");
-  app.add_flag("--no-cache", no_cache,
-               "recompute the whole sequence for every token (slow; for checks)");
-  app.add_option("--inspect", a.inspect,
-                 "show a run's expert-load history in the terminal (RUN_DIR)");
-  app.add_option("--report", a.report, "write RUN_DIR/report.html");
-  app.add_option("--compare", a.compare,
-                 "compare two or more runs (RUN_DIR RUN_DIR ...): writes compare.html")
-      ->expected(2, 1 << 20);
-  app.add_option("--compare-out", a.compare_out, "where --compare writes (default compare.html)");
-  app.add_option("--analyze", a.analyze,
-                 "routing analysis of a MoE checkpoint or run (PATH as --checkpoint): what "
-                 "each expert learned, on --data corpora or the validation split");
-  app.add_option("--analyze-out", a.analyze_out,
-                 "where --analyze writes its page (default RUN_DIR/analysis.html)");
-  // --inspect, --report and --compare read runs' logs; evaluation options would be ignored
-  // with them.
-  for (const char* reader : {"--inspect", "--report", "--compare"})
-    for (const char* other :
-         {"--checkpoint", "--config", "--tokenizer", "--data", "--prompt", "--analyze"})
-      app.get_option(reader)->excludes(app.get_option(other));
-  for (const char* other : {"--checkpoint", "--prompt"})
-    app.get_option("--analyze")->excludes(app.get_option(other));
-  if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
+  gen->add_flag("--greedy", a.gen.greedy, "always take the most likely token");
+  gen->add_flag("--ignore-eos", ignore_eos,
+                "keep generating past the end-of-text token (for timing a fixed length)");
+  gen->add_flag("--no-cache", no_cache,
+                "recompute the whole sequence for every token (slow; for checks)");
+
+  CLI::App* inspect = app.add_subcommand("inspect", "a run's expert-load history in the terminal");
+  inspect->add_option("RUN", a.path, "run directory")->required();
+
+  CLI::App* report = app.add_subcommand("report", "write RUN/report.html");
+  report->add_option("RUN", a.path, "run directory")->required();
+
+  CLI::App* compare = app.add_subcommand("compare", "two or more runs on one page");
+  compare->add_option("RUN", a.runs, "run directories")->required()->expected(2, 1 << 20);
+  compare->add_option("--out", a.out, "where to write the page (default compare.html)");
+
+  CLI::App* analyze =
+      app.add_subcommand("analyze", "what a MoE's router learned and each expert specialised in");
+  model_options(analyze);
+  analyze->add_option("--data", a.data_list,
+                      "probe corpus [NAME=]FILE.jsonl, repeatable, one domain each (default: "
+                      "the run's validation split)");
+  corpus_options(analyze);
+  analyze->add_option("--out", a.out, "where to write the page (default RUN/analysis.html)");
+
+  if (const int status =
+          minimind_app::parse_command_line(app, static_cast<int>(args.size()), args.data());
+      status >= 0)
     return status;
   a.gen.use_cache = !no_cache;
   if (ignore_eos) a.gen.eos_id = -1;
-  if (a.analyze.empty() && a.data_list.size() > 1) {
-    std::cerr << "--data: give one corpus to evaluate (several, NAME=FILE, only with --analyze)\n";
-    return 1;
-  }
-  if (!a.data_list.empty() && a.analyze.empty()) a.data = a.data_list[0];
 
   // Human-readable output goes to stderr so that stdout carries only the result.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind-eval"));
+  minimind_app::use_console_logger("minimind-eval");
   return minimind::run_main([&] {
-    if (!a.compare.empty()) {
-      minimind::write_compare(a.compare, a.compare_out);
-      spdlog::info("wrote {} ({} runs)", a.compare_out, a.compare.size());
+    using namespace minimind;
+    if (compare->parsed()) {
+      const std::string out = a.out.empty() ? "compare.html" : a.out;
+      write_compare(a.runs, out);
+      spdlog::info("wrote {} ({} runs)", out, a.runs.size());
       return 0;
     }
-    if (!a.inspect.empty() || !a.report.empty()) {
-      if (!a.inspect.empty())
-        std::cout << minimind::inspect_text(minimind::read_run_logs(a.inspect));
-      if (!a.report.empty()) spdlog::info("wrote {}", minimind::write_report(a.report));
+    if (inspect->parsed()) {
+      std::cout << inspect_text(read_run_logs(a.path));
       return 0;
     }
-    if (!a.analyze.empty()) {
-      const int threads = minimind::use_threads(a.threads);
-      minimind::EvalModel m =
-          minimind::load_eval_model(a.analyze, a.config, a.tokenizer, !a.data_list.empty());
-      spdlog::info("loaded {}", m.weights);
-      return analyze_command(a, m, threads);
+    if (report->parsed()) {
+      spdlog::info("wrote {}", write_report(a.path));
+      return 0;
     }
-    if (a.checkpoint.empty()) {
-      spdlog::error("give --checkpoint PATH (or --inspect / --report RUN_DIR); see --help");
-      return 1;
-    }
-    const int threads = minimind::use_threads(a.threads);
-    const bool generating = !a.prompt.empty();
-    minimind::EvalModel m = minimind::load_eval_model(a.checkpoint, a.config, a.tokenizer,
-                                                      generating || !a.data.empty());
+    if (gen->parsed() && a.prompt.empty())
+      throw Error(
+          "--prompt is empty: give the text to continue (to evaluate the loss, use "
+          "minimind-eval loss PATH)");
+    const int threads = use_threads(a.threads);
+    const bool need_tokenizer = gen->parsed() || !a.data.empty() || !a.data_list.empty();
+    EvalModel m = load_eval_model(a.path, a.config, a.tokenizer, need_tokenizer);
     spdlog::info("loaded {}", m.weights);
-    if (!generating || !a.data.empty()) evaluate_command(a, m, threads);
-    if (generating) generate_command(a, m);
-    return 0;
+    if (analyze->parsed()) return analyze_command(a, m, threads);
+    if (gen->parsed()) return generate_command(a, m);
+    return evaluate_command(a, m, threads);
   });
 }

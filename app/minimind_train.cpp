@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   }
   if (threads >= 0) overrides.push_back("run.threads=" + std::to_string(threads));
   if (seed >= 0) overrides.push_back("run.seed=" + std::to_string(seed));
-  spdlog::set_default_logger(spdlog::stderr_color_mt("minimind"));  // stdout: data only
+  minimind_app::use_console_logger("minimind");  // stdout: data only
 
   return minimind::run_main([&] {
     minimind::LoadedConfig loaded =

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The balancing study: trains the default preset (configs/moe.yaml) once per balancing
 # method, with the same seed, data and steps, then writes OUT/compare.html with
-# `minimind-eval --compare` (val-loss curves, MaxVio and entropy per layer, final table).
+# `minimind-eval compare` (val-loss curves, MaxVio and entropy per layer, final table).
 # The baseline (MiniMind's aux loss as the preset sets it) runs with a second seed too, so
 # the page shows how far two runs of one method differ by chance.
 #
 # Usage: scripts/balance-study.sh [OUT_DIR]        (default runs/study)
-#   STUDY_STEPS=N   optimizer steps per run (default 80: see README, "The balancing study")
+#   STUDY_STEPS=N   optimizer steps per run (default 80: see docs/balancing.md, "The study")
 #   STUDY_ONLY="a b"  run only these methods (names below); the others are skipped
 #   STUDY_JOBS=N    runs trained at once (default 1, all cores each; N > 1: one thread each.
-#                   On the 2-core machine of the README two one-thread runs took as long as
+#                   On a 2-core machine two one-thread runs took as long as
 #                   one two-thread run after the other, and share the cores' tokens/s)
 # A run that already finished in OUT_DIR is kept (delete it to train it again), so an
 # interrupted study continues where it stopped.
@@ -68,5 +68,5 @@ for entry in "${METHODS[@]}"; do
 done
 wait_for_slot 1
 [ "$failed" -eq 0 ] || { echo "balance-study: a run failed (its log is in $OUT)" >&2; exit 1; }
-"$EVAL" --compare "${dirs[@]}" --compare-out "$OUT/compare.html"
+"$EVAL" compare "${dirs[@]}" --out "$OUT/compare.html"
 echo "balance-study: ${#dirs[@]} runs in $(( $(date +%s) - start )) s; open $OUT/compare.html"

@@ -4,7 +4,7 @@
 # width 832 * 4 / E, so every variant has the same active and the same total expert
 # weights (DeepSeekMoE's fine-grained split). All are trained in ONE process, one step of
 # each in turn (minimind-bench --variant), so the machine's drift hits them alike; the
-# table gives each variant's median step. Step / E=4 step is the figure the README plots.
+# table gives each variant's median step. Step / E=4 step is the figure docs/benchmarks/ records.
 # Usage: scripts/bench-experts.sh [STEPS [WARMUP [THREADS]]]
 #   (default 8 measured steps, 2 warm-up, one thread per core)
 set -euo pipefail

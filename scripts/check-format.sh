@@ -4,7 +4,7 @@
 #   clang-format -i $(git ls-files '*.cpp' '*.h')
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t files < <(find app src tests -name '*.cpp' -o -name '*.h' | sort)
+mapfile -t files < <(find app src tests -path tests/export/node_modules -prune -o \( -name '*.cpp' -o -name '*.h' \) -print | sort)
 bad=()
 for f in "${files[@]}"; do
   clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")

@@ -14,7 +14,8 @@ bash scripts/install-deps.sh
 FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DMINIMIND_BUILD_TESTS=OFF -DMINIMIND_BUILD_FUZZERS=ON -DCMAKE_CXX_FLAGS="$FLAGS"
+    -DMINIMIND_BUILD_TESTS=OFF -DMINIMIND_BUILD_FUZZERS=ON -DMINIMIND_WERROR=OFF \
+    -DCMAKE_CXX_FLAGS="$FLAGS"
 fi
 TARGETS=(config corpus token_file state_json weights run_log)
 if [ $# -gt 2 ]; then TARGETS=("${@:3}"); fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs every system package minimind-cpp needs, from Debian's apt repositories only.
-# Idempotent: packages already present are left alone; safe to run again. Needs root.
+# Idempotent: packages already present are left alone; safe to run again. Installing needs
+# root; with every package present it exits 0 for any user, and a non-root user with some
+# missing is told which ones and the command that installs them.
 set -euo pipefail
 
 PACKAGES=(
@@ -14,16 +16,11 @@ PACKAGES=(
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libgloo-dev
   # An optimised BLAS: Debian's default libblas.so.3 is the reference BLAS (~4 GFLOP/s
-  # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See README "BLAS".
+  # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See docs/performance.md.
   libopenblas0-pthread
   # Python reference (tests/reference): Debian's torch shares libtorch_cpu with LibTorch.
   python3 python3-torch python3-numpy python3-sentencepiece python3-yaml
 )
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-deps.sh: run as root (it calls apt-get)" >&2
-  exit 1
-fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -33,6 +30,13 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages already installed"
   exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: ${#missing[@]} of ${#PACKAGES[@]} packages are missing: ${missing[*]}" >&2
+  echo "install-deps: as root, run: apt-get install --no-install-recommends ${missing[*]}" >&2
+  echo "install-deps: (or: sudo bash scripts/install-deps.sh)" >&2
+  exit 1
 fi
 
 echo "install-deps: installing ${missing[*]}"

@@ -2,7 +2,7 @@
 # Starts N ranks of a command on this machine with torchrun's variables (RANK, WORLD_SIZE,
 # LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT), the way
 # `torchrun --no_python --nproc_per_node N` would (Debian's torchrun crashes at start with
-# Python 3.11, see README "Several processes").
+# Python 3.11, see docs/distributed.md).
 #   scripts/launch-local.sh N COMMAND [ARGS...]
 #   e.g. scripts/launch-local.sh 2 minimind-train --config moe.yaml --out runs/moe-2ranks
 # MASTER_PORT defaults to 29500. Rank 0 prints to the terminal; ranks 1.. print only warnings

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a large JSONL corpus from the shipped one, for the gigabyte preparation test
-# (README, "A gigabyte corpus"): copies of data/austen.jsonl, each with its records in an
+# (docs/data.md, "Large corpora"): copies of data/austen.jsonl, each with its records in an
 # order shuffled by the copy's seed and each record's paragraphs rotated by a seeded
 # offset, so that no two copies are the same byte stream.
 # Usage: scripts/make-big-corpus.sh OUT.jsonl [SIZE_MB]   (default 1000 MB)

@@ -12,7 +12,7 @@ OUT=${2:-${PAGE%.html}.png}
 WIDTH=${3:-1200}
 HEIGHT=${4:-4000}
 if [ ! -f "$PAGE" ]; then
-  echo "no $PAGE (write a run's report with: minimind-eval --report RUN_DIR)" >&2
+  echo "no $PAGE (write a run's report with: minimind-eval report RUN_DIR)" >&2
   exit 1
 fi
 if ! command -v chromium >/dev/null || ! /usr/bin/python3 -c "import PIL" 2>/dev/null; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, command 2: install what is needed, build, and run the whole test suite
-# (unit tests and PyTorch parity tests; see README "Tests"), then every fuzzing target for a
+# (unit, parity and end-to-end tests; see docs/development.md), then every fuzzing target for a
 # short while (MINIMIND_FUZZ_SECONDS each, default 20; 0 skips; scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -483,6 +483,23 @@ TEST(Prepare, GivenTokenizerMustMatchVocabSize) {
   EXPECT_THROW(prepare_data(d, 700, 2), DataError);
 }
 
+// A corpus too small for model.vocab_size pieces: the hint says to lower it (to the size
+// sentencepiece names) or give more text; a size too small for the bytes says to raise it.
+TEST(Prepare, TokenizerSizeHintsPointTheRightWay) {
+  const std::string dir = temp_dir("prephint");
+  DataConfig d = corpus_config(dir, "tiny.jsonl", jsonl_line("A tiny corpus of one short record."));
+  d.val_fraction = 0;
+  const std::string big = test::error_of<TokenizerError>([&] { prepare_data(d, 6400, 1); });
+  EXPECT_NE(big.find("hint: the corpus is too small for that many pieces: lower model.vocab_size "
+                     "(at most "),
+            std::string::npos)
+      << big;
+  EXPECT_NE(big.find("or give more text"), std::string::npos) << big;
+  EXPECT_EQ(big.find("raise model.vocab_size"), std::string::npos) << big;
+  const std::string small = test::error_of<TokenizerError>([&] { prepare_data(d, 100, 1); });
+  EXPECT_NE(small.find("raise model.vocab_size"), std::string::npos) << small;
+}
+
 TEST(Prepare, SeparateValidationFile) {
   const std::string dir = temp_dir("prepval");
   write_text(dir + "/train.jsonl", sample_corpus(120));

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
+#include "minimind/analysis/charts.h"
 #include "minimind/analysis/compare.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
@@ -29,23 +31,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Command {
-  int status;
-  std::string out, err;
-};
+using test::Command;
 
 Command run(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "eval_err_" + std::to_string(::getpid());
-  const std::string cmd = std::string(MINIMIND_EVAL_BIN) + " " + args + " 2>" + err_file;
-  Command c{0, "", ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) c.out.append(buf, n);
-  c.status = WEXITSTATUS(pclose(p));
-  std::ifstream in(err_file);
-  c.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return c;
+  return test::run_command(std::string(MINIMIND_EVAL_BIN) + " " + args);
 }
 
 // One tiny trained MoE run (and a dense one) shared by the suite.
@@ -93,7 +82,7 @@ Config* EvalTest::config_ = nullptr;
 }  // namespace
 
 TEST_F(EvalTest, JsonOutputSchema) {
-  Command c = run("--checkpoint " + ckpt() + " --json --max-docs 6");
+  Command c = run("loss " + ckpt() + " --json --max-docs 6");
   ASSERT_EQ(c.status, 0) << c.err;
   // stdout is exactly one JSON object, an EvalSummary (reading it checks every field).
   const EvalSummary j = nlohmann::json::parse(c.out).get<EvalSummary>();
@@ -123,7 +112,7 @@ TEST_F(EvalTest, JsonOutputSchema) {
 TEST_F(EvalTest, AnyCorpusAndRunDirectory) {
   std::ofstream(*dir_ + "/other.jsonl") << "{\"text\": \"Emma was not quite sure.\"}\n"
                                         << "{\"text\": \"中文也可以。🙂\"}\n";
-  Command c = run("--checkpoint " + *dir_ + "/moe --data " + *dir_ + "/other.jsonl --json");
+  Command c = run("loss " + *dir_ + "/moe --data " + *dir_ + "/other.jsonl --json");
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_EQ(nlohmann::json::parse(c.out)["documents"], 2);
 }
@@ -150,28 +139,97 @@ TEST_F(EvalTest, BatchSizeDoesNotChangeTheLossAndEvalLeavesTrainingStateAlone) {
   }
 }
 
+// A document longer than data.max_seq_len is predicted whole, in windows that overlap by
+// one token; --truncate keeps MiniMind's first window. Checked against a hand computation:
+// each window through the model on its own, its cross-entropy summed by hand.
+TEST_F(EvalTest, LongDocumentsArePredictedWholeInWindows) {
+  EvalModel m = load_eval_model(ckpt(), "", "", true);
+  const int64_t S = 48, V = m.config.model.vocab_size;
+  const std::vector<int64_t> lengths = {130, 20, 48, 49};  // [bos] ... [eos] each
+  const std::string path = test::temp_dir("eval_windows") + "/docs.tok";
+  std::vector<std::vector<int32_t>> docs;
+  {
+    TokenFileWriter w(path, static_cast<uint32_t>(V), {0, 0});
+    for (size_t d = 0; d < lengths.size(); ++d) {
+      std::vector<int32_t> doc{kBosId};
+      for (int64_t t = 1; t + 1 < lengths[d]; ++t)
+        doc.push_back(static_cast<int32_t>(3 + (t * 37 + static_cast<int64_t>(d) * 11) % (V - 3)));
+      doc.push_back(kEosId);
+      w.add_document(doc);
+      docs.push_back(doc);
+    }
+    w.finish();
+  }
+  const TokenFile tf = TokenFile::open(path);
+  // By hand: windows start at 0, S-1, 2(S-1), ... while a token is left to predict.
+  double sum = 0;
+  int64_t predicted = 0, windows = 0;
+  torch::NoGradGuard no_grad;
+  m.model->eval();
+  for (const auto& doc : docs) {
+    const auto len = static_cast<int64_t>(doc.size());
+    for (int64_t at = 0; at < len - 1; at += S - 1, ++windows) {
+      const int64_t n = std::min(S, len - at);
+      torch::Tensor ids = torch::empty({1, n}, torch::kLong);
+      for (int64_t t = 0; t < n; ++t) ids[0][t] = doc[static_cast<size_t>(at + t)];
+      const torch::Tensor logp = torch::log_softmax(m.model(ids).logits[0], -1);  // [n, V]
+      for (int64_t t = 0; t + 1 < n; ++t, ++predicted)
+        sum -= logp[t][ids[0][t + 1].item<int64_t>()].item<double>();
+    }
+  }
+  EXPECT_EQ(windows, 3 + 1 + 1 + 2);
+  const EvalResult r = evaluate(m.model, tf, S, 3);
+  EXPECT_EQ(r.tokens, 129 + 19 + 47 + 48);  // every token but each bos
+  EXPECT_EQ(r.tokens, predicted);
+  EXPECT_EQ(r.corpus_tokens, r.tokens);
+  EXPECT_EQ(r.rows, windows);
+  EXPECT_EQ(r.documents, 4);
+  EXPECT_NEAR(r.loss, sum / static_cast<double>(predicted), 1e-5);
+  // Every token is routed once: the expert counts add up to the predicted tokens + the
+  // first token of each window, k = 1.
+  for (const auto& layer : r.expert_counts.layers)
+    EXPECT_EQ(std::accumulate(layer.begin(), layer.end(), int64_t{0}), r.tokens + r.rows);
+  // MiniMind's rule: the first window, [eos] at its end; documents that fit are unchanged.
+  const EvalResult cut = evaluate(m.model, tf, S, 3, -1, nullptr, LongDocuments::truncate);
+  EXPECT_EQ(cut.tokens, (S - 1) + 19 + 47 + (S - 1));
+  EXPECT_EQ(cut.corpus_tokens, r.corpus_tokens);
+  EXPECT_EQ(cut.rows, 4);
+  // The tool says both counts, and what --truncate left out.
+  const Command c = run("loss " + ckpt() + " --json --truncate");
+  ASSERT_EQ(c.status, 0) << c.err;
+  const EvalSummary j = nlohmann::json::parse(c.out).get<EvalSummary>();
+  ASSERT_TRUE(j.corpus_tokens && j.corpus_documents && j.truncated);
+  EXPECT_LE(j.tokens, *j.corpus_tokens);
+  EXPECT_TRUE(*j.truncated);
+  const Command whole = run("loss " + ckpt() + " --json");
+  const EvalSummary w = nlohmann::json::parse(whole.out).get<EvalSummary>();
+  EXPECT_EQ(w.tokens, *w.corpus_tokens);
+  EXPECT_NE(whole.err.find(fmt::format("{} of {} tokens predicted", w.tokens, w.tokens)),
+            std::string::npos)
+      << whole.err;
+}
+
 TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
-  Command missing = run("--checkpoint " + *dir_ + "/nope");
+  Command missing = run("loss " + *dir_ + "/nope");
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.err.find("does not exist"), std::string::npos) << missing.err;
 
   // A truncated model.pth.
   fs::copy(ckpt(), *dir_ + "/broken", fs::copy_options::recursive);
   fs::resize_file(*dir_ + "/broken/model.pth", 1000);
-  Command corrupt =
-      run("--checkpoint " + *dir_ + "/broken --tokenizer " + *dir_ + "/moe/tokenizer.model");
+  Command corrupt = run("loss " + *dir_ + "/broken --tokenizer " + *dir_ + "/moe/tokenizer.model");
   EXPECT_NE(corrupt.status, 0);
   EXPECT_NE(corrupt.err.find("corrupt or truncated"), std::string::npos) << corrupt.err;
 
   // A bare .pth: needs --config, and its names/shapes must match it.
-  Command no_config = run("--checkpoint " + ckpt() + "/model.pth");
+  Command no_config = run(ckpt() + "/model.pth");
   EXPECT_NE(no_config.status, 0);
   EXPECT_NE(no_config.err.find("pass --config"), std::string::npos) << no_config.err;
   std::ofstream(*dir_ + "/wrong.yaml")
       << "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2,"
          " num_key_value_heads: 1, vocab_size: 512, use_moe: true}\n"
          "data: {max_seq_len: 48}\n";
-  Command mismatch = run("--checkpoint " + ckpt() + "/model.pth --config " + *dir_ + "/wrong.yaml");
+  Command mismatch = run("loss " + ckpt() + "/model.pth --config " + *dir_ + "/wrong.yaml");
   EXPECT_NE(mismatch.status, 0);
   EXPECT_NE(mismatch.err.find("do not match the model config"), std::string::npos) << mismatch.err;
   EXPECT_NE(mismatch.err.find("shape of model.embed_tokens.weight"), std::string::npos)
@@ -185,7 +243,7 @@ TEST_F(EvalTest, BadCheckpointsAreClearErrors) {
              *dir_ + "/corpus.jsonl, cache_dir: " + *dir_ + "/cache}\n";
   LoadedConfig v600 = load_config(*dir_ + "/v600.yaml", {});
   std::string other_tok = prepare_data(v600.config.data, 600, 1).tokenizer_path;
-  Command vocab = run("--checkpoint " + ckpt() + " --tokenizer " + other_tok + " --prompt Emma");
+  Command vocab = run("generate " + ckpt() + " --tokenizer " + other_tok + " --prompt Emma");
   EXPECT_NE(vocab.status, 0);
   EXPECT_NE(vocab.err.find("has 600 pieces but model.vocab_size is 512"), std::string::npos)
       << vocab.err;
@@ -214,13 +272,12 @@ TEST_F(EvalTest, GreedyWithKvCacheEqualsWithoutAndSeedsRepeat) {
   s.seed = 8;
   EXPECT_NE(generate(m.model, prompt, s), a);
 
-  Command c = run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3");
+  Command c = run("generate " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3");
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_EQ(c.out.rfind("Emma said", 0), 0u) << c.out;
   EXPECT_NE(c.err.find("tokens/s"), std::string::npos) << c.err;
-  EXPECT_EQ(
-      run("--checkpoint " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3").out,
-      c.out);
+  EXPECT_EQ(run("generate " + ckpt() + " --prompt 'Emma said' --max-new-tokens 12 --seed 3").out,
+            c.out);
 }
 
 TEST(Sampling, FilterFollowsMiniMindsOrder) {
@@ -261,10 +318,11 @@ TEST_F(EvalTest, ReportHasAHeatmapPerMoeLayerAndIsWellFormed) {
   for (const char* part : {"Layer 0: expert share", "Layer 1: expert share", "MaxVio per layer",
                            "Normalised entropy", "Learning rate", "val loss", "fair share"})
     EXPECT_NE(html.find(part), std::string::npos) << part;
+  EXPECT_NE(html.find("dashed red line: a collapse warning"), std::string::npos);  // heatmaps
   EXPECT_EQ(html.find("<script"), std::string::npos);
   // --report rewrites it from the logs.
   fs::remove(moe);
-  EXPECT_EQ(run("--report " + *dir_ + "/moe").status, 0);
+  EXPECT_EQ(run("report " + *dir_ + "/moe").status, 0);
   EXPECT_TRUE(fs::exists(moe));
 }
 
@@ -285,7 +343,7 @@ TEST_F(EvalTest, LabRunReportAndEvaluation) {
   const std::string plain = test::read_text(*dir_ + "/moe/report.html");
   EXPECT_EQ(plain.find("Balancing methods"), std::string::npos);
   EXPECT_NE(plain.find("Router z per layer"), std::string::npos);
-  const Command c = run("--checkpoint " + *dir_ + "/lab --json");
+  const Command c = run("loss " + *dir_ + "/lab --json");
   ASSERT_EQ(c.status, 0) << c.err;
   const auto j = nlohmann::json::parse(c.out);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
@@ -312,8 +370,8 @@ TEST_F(EvalTest, AnalyzeWritesPageJsonAndTheReportShowsIt) {
     for (int i = 0; std::getline(in, line); ++i) (i % 2 ? fb : fa) << line << "\n";
   }
   const std::string page = *dir_ + "/analysis_page.html";
-  const Command c = run("--analyze " + *dir_ + "/moe --data novel_a=" + a + " --data novel_b=" + b +
-                        " --analyze-out " + page + " --json");
+  const Command c = run("analyze " + *dir_ + "/moe --data novel_a=" + a + " --data novel_b=" + b +
+                        " --out " + page + " --json");
   ASSERT_EQ(c.status, 0) << c.err;
   const auto j = nlohmann::json::parse(c.out);
   EXPECT_EQ(j.at("domains"), (std::vector<std::string>{"novel_a", "novel_b"}));
@@ -341,30 +399,30 @@ TEST_F(EvalTest, AnalyzeWritesPageJsonAndTheReportShowsIt) {
 }
 
 TEST_F(EvalTest, AnalyzeErrorsNameWhatIsWrong) {
-  Command c = run("--analyze " + *dir_ + "/dense");
+  Command c = run("analyze " + *dir_ + "/dense");
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find("nothing to analyse"), std::string::npos) << c.err;
   const std::string bad = *dir_ + "/no_text.jsonl";
   test::write_text(bad, "{\"title\": \"x\"}\nnot json\n");
-  c = run("--analyze " + *dir_ + "/moe --data " + bad);
+  c = run("analyze " + *dir_ + "/moe --data " + bad);
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find(bad), std::string::npos) << c.err;
-  c = run("--analyze " + *dir_ + "/moe --data web=" + *dir_ + "/missing.jsonl");
+  c = run("analyze " + *dir_ + "/moe --data web=" + *dir_ + "/missing.jsonl");
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find("missing.jsonl"), std::string::npos) << c.err;
-  c = run("--analyze " + *dir_ + "/moe --data " + *dir_);
+  c = run("analyze " + *dir_ + "/moe --data " + *dir_);
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.err.find("is a directory"), std::string::npos) << c.err;
-  c = run("--checkpoint " + *dir_ + "/moe --data " + bad + " --data " + bad);
+  c = run("loss " + *dir_ + "/moe --data " + bad + " --data " + bad);
   EXPECT_EQ(c.status, 1);
-  EXPECT_NE(c.err.find("only with --analyze"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("--data"), std::string::npos) << c.err;
 }
 
 // --compare: any two or more runs on one page, its table taken from each run's logs.
 TEST_F(EvalTest, CompareWritesOnePageForSeveralRuns) {
   const std::string out = *dir_ + "/compare.html";
   const Command c =
-      run("--compare " + *dir_ + "/moe " + *dir_ + "/lab " + *dir_ + "/dense --compare-out " + out);
+      run("compare " + *dir_ + "/moe " + *dir_ + "/lab " + *dir_ + "/dense --out " + out);
   ASSERT_EQ(c.status, 0) << c.err;
   const std::string html = test::read_text(out);
   const std::string check = std::string(MINIMIND_PYTHON) + " " +
@@ -390,15 +448,46 @@ TEST_F(EvalTest, CompareWritesOnePageForSeveralRuns) {
   for (const char* part : {"Validation loss", "MoE layer 1", "normalised routing entropy"})
     EXPECT_NE(html.find(part), std::string::npos) << part;
   // One run is not a comparison; evaluation options do not mix with it.
-  Command one = run("--compare " + *dir_ + "/moe");
+  Command one = run("compare " + *dir_ + "/moe");
   EXPECT_EQ(one.status, 1);
-  EXPECT_NE(one.err.find("--compare"), std::string::npos) << one.err;
-  Command mixed = run("--compare " + *dir_ + "/moe " + *dir_ + "/lab --checkpoint " + ckpt());
+  EXPECT_NE(one.err.find("RUN"), std::string::npos) << one.err;
+  Command mixed = run("compare " + *dir_ + "/moe " + *dir_ + "/lab --prompt Emma");
   EXPECT_EQ(mixed.status, 1);
-  EXPECT_NE(mixed.err.find("excludes"), std::string::npos) << mixed.err;
-  Command missing = run("--compare " + *dir_ + "/moe " + *dir_ + "/nothing-here");
+  EXPECT_NE(mixed.err.find("--prompt"), std::string::npos) << mixed.err;
+  // Two runs of the same leaf name: each labelled by its path's distinct part.
+  fs::create_directories(*dir_ + "/a"), fs::create_directories(*dir_ + "/b");
+  fs::copy(*dir_ + "/moe", *dir_ + "/a/run", fs::copy_options::recursive);
+  fs::copy(*dir_ + "/lab", *dir_ + "/b/run", fs::copy_options::recursive);
+  const std::string twins = *dir_ + "/twins.html";
+  ASSERT_EQ(run("compare " + *dir_ + "/a/run " + *dir_ + "/b/run --out " + twins).status, 0);
+  const std::string twins_html = test::read_text(twins);
+  for (const char* label : {"<tr><td>a/run</td>", "<tr><td>b/run</td>"})
+    EXPECT_NE(twins_html.find(label), std::string::npos) << label;
+  Command missing = run("compare " + *dir_ + "/moe " + *dir_ + "/nothing-here");
   EXPECT_EQ(missing.status, 1);
   EXPECT_NE(missing.err.find("nothing-here"), std::string::npos) << missing.err;
+}
+
+// The dashed red lines at warning steps are named in the chart's legend.
+TEST(ReportCharts, WarningLinesHaveALegendEntry) {
+  const Series s{"L0", series_color(0), {{1, 0.5}, {10, 0.2}}};
+  const StepAxis axis(10);
+  const std::string with = line_chart("MaxVio", {s}, {5}, axis);
+  EXPECT_NE(with.find("class=\"event\""), std::string::npos);
+  EXPECT_NE(with.find(">collapse warning</text>"), std::string::npos) << with;
+  EXPECT_NE(line_chart("MI", {s}, {5}, axis, true, "uninformative warning")
+                .find(">uninformative warning</text>"),
+            std::string::npos);
+  EXPECT_EQ(line_chart("MaxVio", {s}, {}, axis).find("warning"), std::string::npos);
+}
+
+// Runs whose directories end in the same name are told apart by their paths.
+TEST(CompareLabels, ShortestDistinctSuffixOfThePath) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(run_labels({"runs/moe", "runs/lab/"}), (V{"moe", "lab"}));
+  EXPECT_EQ(run_labels({"/x/a/run", "/x/b/run", "/x/b/other"}), (V{"a/run", "b/run", "other"}));
+  EXPECT_EQ(run_labels({"/s/p/a/run", "/s/q/a/run"}), (V{"p/a/run", "q/a/run"}));
+  EXPECT_EQ(run_labels({"/x/run", "/x/./run/"}), (V{"run", "run (2)"}));
 }
 
 // Report axes: 4 to 6 ticks at round values (1, 2 or 5 x 10^k apart) covering the data.
@@ -422,13 +511,13 @@ TEST(ReportAxes, TicksAreFewRoundAndCoverTheRange) {
 }
 
 TEST_F(EvalTest, InspectShowsHistogramsTrendsAndWarnings) {
-  Command c = run("--inspect " + *dir_ + "/moe");
+  Command c = run("inspect " + *dir_ + "/moe");
   ASSERT_EQ(c.status, 0) << c.err;
   for (const char* part : {"train loss", "val loss", "L0 ", "L1 ", "maxvio", "entropy", "max share",
                            "MaxVio_global", "collapse warnings"})
     EXPECT_NE(c.out.find(part), std::string::npos) << part << "\n" << c.out;
-  EXPECT_NE(run("--inspect " + *dir_ + "/dense").out.find("dense model"), std::string::npos);
-  EXPECT_NE(run("--inspect " + *dir_ + "/nothing").status, 0);
+  EXPECT_NE(run("inspect " + *dir_ + "/dense").out.find("dense model"), std::string::npos);
+  EXPECT_NE(run("inspect " + *dir_ + "/nothing").status, 0);
 }
 
 TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
@@ -436,19 +525,53 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
   for (const char* args :
        {"--top-p 2", "--top-p nan", "--top-k -1", "--repetition-penalty 0",
         "--repetition-penalty 1e-300", "--temperature nan", "--temperature 1e-300",
-        "--temperature inf", "--seed -5", "--seed 99999999999999999999999", "--max-docs 0",
-        "--batch-size 0", "--threads 5000", "--no-such-option"}) {
-    const Command c = run(std::string(args) + " --checkpoint " + ckpt());
+        "--temperature inf", "--seed -5", "--seed 99999999999999999999999", "--threads 5000",
+        "--no-such-option"}) {
+    const Command c = run("generate " + ckpt() + " --prompt Emma " + args);
     EXPECT_EQ(c.status, 1) << args << "\n" << c.err;
     const std::string option = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(c.err.find(option), std::string::npos) << args << "\n" << c.err;
   }
-  EXPECT_EQ(run("--help").status, 0);
-  // A run's logs are read alone: evaluation options alongside would be ignored.
-  const Command both = run("--inspect " + *dir_ + "/moe --prompt Emma");
+  for (const char* args : {"--max-docs 0", "--batch-size 0", "--prompt Emma"}) {
+    const Command c = run("loss " + ckpt() + " " + args);
+    EXPECT_EQ(c.status, 1) << args << "\n" << c.err;
+    const std::string option = std::string(args).substr(0, std::string(args).find(' '));
+    EXPECT_NE(c.err.find(option), std::string::npos) << args << "\n" << c.err;
+  }
+  // An empty prompt is refused, not taken as "evaluate the loss".
+  const Command empty = run("generate " + ckpt() + " --prompt ''");
+  EXPECT_EQ(empty.status, 1) << empty.err;
+  EXPECT_NE(empty.err.find("--prompt is empty"), std::string::npos) << empty.err;
+  EXPECT_TRUE(empty.out.empty()) << empty.out;
+  // A run's logs are read alone: evaluation options alongside are usage errors.
+  const Command both = run("inspect " + *dir_ + "/moe --prompt Emma");
   EXPECT_EQ(both.status, 1) << both.err;
-  EXPECT_NE(both.err.find("--inspect"), std::string::npos) << both.err;
+  EXPECT_NE(both.err.find("--prompt"), std::string::npos) << both.err;
   EXPECT_EQ(run("--max-docs 3").status, 1);  // nothing to evaluate
+  // The flag forms of earlier versions exit 1 naming the subcommand that replaced them.
+  const std::vector<std::pair<std::string, std::string>> old_forms = {
+      {"--checkpoint " + ckpt() + " --json", "minimind-eval loss " + ckpt() + " --json"},
+      {"--checkpoint " + ckpt() + " --prompt Emma", "minimind-eval generate " + ckpt()},
+      {"--inspect " + *dir_ + "/moe", "minimind-eval inspect " + *dir_ + "/moe"},
+      {"--compare a b --compare-out c.html", "minimind-eval compare a b --out c.html"},
+      {"--analyze x --analyze-out y.html", "minimind-eval analyze x --out y.html"}};
+  for (const auto& [args, now] : old_forms) {
+    const Command c = run(args);
+    EXPECT_EQ(c.status, 1) << args;
+    EXPECT_NE(c.err.find(now), std::string::npos) << args << "\n" << c.err;
+  }
+  // --help lists the subcommands; each subcommand's --help holds only its own options.
+  const Command help = run("--help");
+  EXPECT_EQ(help.status, 0);
+  for (const char* sub : {"loss", "generate", "inspect", "report", "compare", "analyze"})
+    EXPECT_NE(help.out.find(std::string("  ") + sub + " "), std::string::npos) << sub << help.out;
+  EXPECT_EQ(help.out.find("--temperature"), std::string::npos) << help.out;
+  const Command loss_help = run("loss --help");
+  EXPECT_NE(loss_help.out.find("--truncate"), std::string::npos) << loss_help.out;
+  EXPECT_EQ(loss_help.out.find("--temperature"), std::string::npos) << loss_help.out;
+  const Command gen_help = run("generate --help");
+  EXPECT_NE(gen_help.out.find("--temperature"), std::string::npos) << gen_help.out;
+  EXPECT_EQ(gen_help.out.find("--truncate"), std::string::npos) << gen_help.out;
   // minimind-bench: zero measured steps used to end in a segmentation fault.
   Command bench{0, "", ""};
   const std::string err_file = test::temp_dir("bench_err") + "/err";
@@ -531,30 +654,32 @@ TEST(BlasKernels, ToolsRunKernelsFittingTheCpuAndKeepAUsersChoice) {
   EXPECT_EQ(core_of("OPENBLAS_CORETYPE=Prescott"), "Prescott");
   const std::string own = core_of("");
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    for (const char* pre_avx : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom"})
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    for (const char* pre_avx : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom"}) {
       EXPECT_NE(own, pre_avx) << "pre-AVX OpenBLAS kernels on a CPU with AVX2";
+    }
+  }
 }
 
 TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
   // The tiny model reads at most 128 positions: a longer prompt is refused with a reason.
   std::string prompt;
   for (int i = 0; i < 200; ++i) prompt += "Emma ";
-  Command longer = run("--checkpoint " + ckpt() + " --greedy --prompt '" + prompt + "'");
+  Command longer = run("generate " + ckpt() + " --greedy --prompt '" + prompt + "'");
   EXPECT_EQ(longer.status, 1);
   EXPECT_NE(longer.err.find("model.max_position_embeddings = 128"), std::string::npos)
       << longer.err;
   // Generating up to the limit says why it stopped.
-  Command full = run("--checkpoint " + ckpt() + " --greedy --max-new-tokens 500 --prompt Emma");
+  Command full = run("generate " + ckpt() + " --greedy --max-new-tokens 500 --prompt Emma");
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("stopped at model.max_position_embeddings = 128"), std::string::npos)
       << full.err;
   // Directories where files belong are named, not read.
-  Command dir_data = run("--checkpoint " + ckpt() + " --data " + *dir_ + " --max-docs 3");
+  Command dir_data = run("loss " + ckpt() + " --data " + *dir_ + " --max-docs 3");
   EXPECT_EQ(dir_data.status, 1);
   EXPECT_NE(dir_data.err.find("is a directory, not a JSONL file"), std::string::npos)
       << dir_data.err;
-  Command dir_tok = run("--checkpoint " + ckpt() + " --tokenizer " + *dir_ + " --prompt Emma");
+  Command dir_tok = run("generate " + ckpt() + " --tokenizer " + *dir_ + " --prompt Emma");
   EXPECT_EQ(dir_tok.status, 1);
   EXPECT_NE(dir_tok.err.find("is a directory, not a .model file"), std::string::npos)
       << dir_tok.err;

@@ -294,11 +294,12 @@ TEST_P(Parity, MatchesReference) {
         d_shard_weights =
             std::max(d_shard_weights, max_abs_diff(p.value().detach(), ref_after.at(p.key())));
       EXPECT_LE(d_shard_weights, kShardWeightTol) << "in shards";
-      if (fx.contains("bias_after"))
+      if (fx.contains("bias_after")) {
         EXPECT_LE(
             max_abs_diff(torch::stack(sharded->router_biases()), fx.at("bias_after").toTensor()),
             kTol)
             << "in shards";
+      }
       report += "; in 2 shards: 5-step losses " + c10::str(d_shard_steps) + ", weights after " +
                 c10::str(d_shard_weights);
       if (fx.contains("router_grad")) report += ", router grad " + c10::str(d_shard_router);
@@ -422,7 +423,9 @@ TEST(ParityAnalysis, ProbeMetricsMatchReference) {
         const double want = ref["expert_specialisation"][l][e].item<double>();
         // NaN in the reference: no token id has this expert as its favourite.
         EXPECT_EQ(ex.specialisation.has_value(), !std::isnan(want)) << "layer " << l << " e" << e;
-        if (ex.specialisation) EXPECT_NEAR(*ex.specialisation, want, 1e-12);
+        if (ex.specialisation) {
+          EXPECT_NEAR(*ex.specialisation, want, 1e-12);
+        }
         for (int64_t d = 0; d < 2; ++d)
           EXPECT_NEAR(ex.domain_share[static_cast<size_t>(d)],
                       ref["domain_share"][l][d][e].item<double>(), 1e-12);

@@ -58,7 +58,7 @@ TEST(RunLog, RecordsRoundTripThroughTheirJsonForm) {
   EXPECT_EQ(cj["event"], "collapse");
   EXPECT_EQ(nlohmann::json(cj.get<CollapseRecord>()), cj);
 
-  EvalSummary s{2.0, 7.389, 100, 3, 0.5, 200, "w.pth", {l}};
+  EvalSummary s{2.0, 7.389, 100, 3, 0.5, 200, "w.pth", {l}, 120, 4, false};
   const nlohmann::json sj = s;
   EXPECT_EQ(nlohmann::json(sj.get<EvalSummary>()), sj);
 }

@@ -274,13 +274,26 @@ TEST(Console, LogLinesShowIntervalsEvaluationsCollapsesAndTheEnd) {
   console.on_end(done);
   const std::string out = text.str();
   for (const char* line :
-       {"info step 1/4 | loss 3.5000 | lm 3.0000 | aux 0.50000 | lr 1.00e-03 | grad 1.000 | 250 "
-        "tok/s | ETA 6s\n",
-        "info   L0  ▂▆  max 0.75 e1  maxvio 0.50  cv 0.50  H 0.81  dead 0\n",
+       {"info step 1/4  loss 3.5000 (lm 3.0000 aux 0.50000)  lr 1.00e-03  grad 1.000  250 tok/s  "
+        "ETA 6s\n",
+        "info   L0  ▂▆  max 0.75 e1  maxvio 0.50  H 0.81  dead 0\n",
         "info eval step 4: val_loss 2.5000 | ppl 12.18 | 90 tokens of 3 documents in 0.5 s\n",
         "warning routing collapse in layer 0\n", "info checkpoint run/checkpoints/step_00000004\n",
         "info done: 4 steps, 400 tokens in 2s (200 tok/s); val_loss 2.5000 -> 2.5000\n"})
     EXPECT_NE(out.find(line), std::string::npos) << "missing: " << line << "in:\n" << out;
+  // log.console: full: every metric, in the form of earlier versions.
+  std::ostringstream full_text;
+  spdlog::logger full_log("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(full_text));
+  full_log.set_pattern("%l %v");
+  ConsoleObserver full(full_log, /*live=*/false, /*full=*/true);
+  full.on_step(step_info(1, 4, st));
+  full.on_interval(interval);
+  for (const char* line :
+       {"info step 1/4 | loss 3.5000 | lm 3.0000 | aux 0.50000 | lr 1.00e-03 | grad 1.000 | 250 "
+        "tok/s | ETA 6s\n",
+        "info   L0  ▂▆  max 0.75 e1  maxvio 0.50  cv 0.50  H 0.81  dead 0\n"})
+    EXPECT_NE(full_text.str().find(line), std::string::npos) << "missing: " << line << "in:\n"
+                                                             << full_text.str();
   std::ostringstream stopped_text;
   spdlog::logger stopped_log("test",
                              std::make_shared<spdlog::sinks::ostream_sink_mt>(stopped_text));
@@ -1113,12 +1126,8 @@ TEST(RunDirectory, DiskFullDuringACheckpoint) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs (run the suite as root)";
   const std::string dir = temp_dir("diskfull");
   const std::string run = dir + "/run";
-  fs::create_directories(run);
-  ASSERT_EQ(std::system(("mount -t tmpfs -o size=8m tmpfs " + run).c_str()), 0);
-  struct Unmount {
-    std::string path;
-    ~Unmount() { (void)!std::system(("umount -l " + path).c_str()); }
-  } unmount{run};
+  const test::TmpfsMount disk(run, "8m");
+  ASSERT_TRUE(disk.mounted);
   Config cfg = tiny_config(dir, {"train.max_steps=8", "train.checkpoint_interval=3"});
   TrainOptions options;
   options.out_dir = run;

@@ -1,4 +1,4 @@
-"""Reference MiniMind-3 in PyTorch, written from ../shared/docs/minimind-spec.md.
+"""Reference MiniMind-3 in PyTorch, written from the facts in docs/minimind-spec.md.
 
 It follows MiniMind's own code path (masked per-expert loop, repeat_kv, explicit
 attention), so the C++ implementation is checked against the straightforward form.

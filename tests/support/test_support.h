@@ -3,8 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -90,5 +93,36 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "no exception thrown";
   return "";
 }
+
+// A shell command's exit status, stdout and stderr.
+struct Command {
+  int status;
+  std::string out, err;
+};
+inline Command run_command(const std::string& cmd) {
+  const std::string err_file = testing::TempDir() + "cmd_err_" + std::to_string(::getpid());
+  Command c{0, "", ""};
+  FILE* p = popen((cmd + " 2>" + err_file).c_str(), "r");
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) c.out.append(buf, n);
+  c.status = WEXITSTATUS(pclose(p));
+  c.err = read_text(err_file);
+  return c;
+}
+
+// A tmpfs of `size` (e.g. "8m") mounted on dir for the object's life: a disk that fills
+// up. Needs root; callers skip the test otherwise.
+struct TmpfsMount {
+  std::string dir;
+  TmpfsMount(std::string d, const std::string& size) : dir(std::move(d)) {
+    std::filesystem::create_directories(dir);
+    mounted = std::system(("mount -t tmpfs -o size=" + size + " tmpfs " + dir).c_str()) == 0;
+  }
+  ~TmpfsMount() {
+    if (mounted) (void)!std::system(("umount -l " + dir).c_str());
+  }
+  bool mounted = false;
+};
 
 }  // namespace minimind::test

@@ -126,6 +126,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(log, collapse_dead_experts),
       MM_FIELD(log, collapse_patience),
       MM_FIELD(log, uninformative_mi),
+      MM_FIELD(log, console),
   };
   return fields;
 }
@@ -361,6 +362,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
   c.positive("log.collapse_dead_experts", cfg.log.collapse_dead_experts);
   c.positive("log.collapse_patience", cfg.log.collapse_patience);
   c.in_range("log.uninformative_mi", cfg.log.uninformative_mi, 0.0, 1.0, true);
+  c.one_of("log.console", cfg.log.console, {"compact", "full"});
 
   std::vector<std::string> warnings;
   const ModelConfig& m = cfg.model;

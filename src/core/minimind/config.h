@@ -117,6 +117,10 @@ struct LogConfig {
   // after the warm-up (0 turns it off). 0.01: measured on configs/moe.yaml, where MiniMind
   // #858's routers stay at 0.001-0.007 and the shipped preset's at 0.011-0.39 after step 30.
   double uninformative_mi = 0.01;
+  // What minimind-train prints per log interval: "compact" (lines of at most 120 columns:
+  // losses, the load histogram, max share, MaxVio, entropy, dead experts and MI per layer)
+  // or "full" (every metric of expert_load.jsonl's row, as minimind-eval inspect shows).
+  std::string console = "compact";
 };
 
 struct Config {

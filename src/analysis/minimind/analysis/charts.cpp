@@ -49,7 +49,8 @@ std::string step_ticks(const StepAxis& axis, double L, double W, double R, doubl
 }
 
 std::string line_chart(const std::string& title, const std::vector<Series>& series,
-                       const std::vector<int64_t>& events, const StepAxis& axis, bool legend) {
+                       const std::vector<int64_t>& events, const StepAxis& axis, bool legend,
+                       const std::string& events_label) {
   legend = legend && series.size() <= 8;
   const double W = 560, H = 230, L = 56, R = 16, T = 28, B = 44;
   double lo = INFINITY, hi = -INFINITY;
@@ -98,6 +99,12 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
         lx, H - 10, s.color, lx + 13, H - 6, esc(s.name));
     lx += 20 + 7.0 * s.name.size();
   }
+  // What the dashed lines mean, after the series' names.
+  if (!events.empty())
+    svg += fmt::format(
+        "<line x1=\"{0:.0f}\" x2=\"{1:.0f}\" y1=\"{2}\" y2=\"{2}\" class=\"event\"/>"
+        "<text x=\"{3:.0f}\" y=\"{4}\" class=\"legend\">{5}</text>",
+        lx, lx + 12, H - 9, lx + 15, H - 6, esc(events_label));
   return svg + "</svg>";
 }
 

@@ -37,10 +37,11 @@ struct StepAxis {
 std::string step_ticks(const StepAxis& axis, double L, double W, double R, double y);
 
 // A line chart: round ticks and grid lines on both axes, a legend (when there are at most
-// 8 series and `legend`), and dashed red lines at event steps.
+// 8 series and `legend`), and dashed red lines at event steps, named in the legend by
+// `events_label`.
 std::string line_chart(const std::string& title, const std::vector<Series>& series,
-                       const std::vector<int64_t>& events, const StepAxis& axis,
-                       bool legend = true);
+                       const std::vector<int64_t>& events, const StepAxis& axis, bool legend = true,
+                       const std::string& events_label = "collapse warning");
 
 // <!DOCTYPE ...><body>: the page head with the shared style sheet.
 std::string page_head(const std::string& title);

@@ -84,13 +84,51 @@ RunSummary summarize_run(const RunLogs& logs) {
   return s;
 }
 
+std::vector<std::string> run_labels(const std::vector<std::string>& run_dirs) {
+  // Each path as its components, from the leaf up (absolute, so "runs/a" and "./runs/a/"
+  // are the same run).
+  std::vector<std::vector<std::string>> parts;
+  for (const std::string& dir : run_dirs) {
+    std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();
+    std::vector<std::string> up;
+    for (; p.has_filename(); p = p.parent_path()) up.push_back(p.filename().string());
+    parts.push_back(up);
+  }
+  auto suffix = [&](size_t i, size_t k) {
+    std::string s;
+    for (size_t c = std::min(k, parts[i].size()); c-- > 0;) s += parts[i][c] + (c > 0 ? "/" : "");
+    return s;
+  };
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    size_t k = 1;
+    for (; k < parts[i].size(); ++k) {
+      bool distinct = true;
+      for (size_t j = 0; j < parts.size() && distinct; ++j)
+        distinct = j == i || parts[j] == parts[i] || suffix(i, k) != suffix(j, k);
+      if (distinct) break;
+    }
+    labels.push_back(suffix(i, k));
+  }
+  // The same directory given twice keeps its name, numbered.
+  for (size_t i = 0; i < labels.size(); ++i)
+    for (size_t j = i + 1; j < labels.size(); ++j)
+      if (labels[j] == labels[i]) labels[j] += " (" + std::to_string(j + 1) + ")";
+  return labels;
+}
+
 std::string render_compare(const std::vector<RunLogs>& runs) {
   if (runs.size() < 2) throw DataError("--compare needs at least two run directories");
+  std::vector<std::string> dirs;
+  for (const RunLogs& r : runs) dirs.push_back(r.run_dir);
+  const std::vector<std::string> labels = run_labels(dirs);
   std::vector<RunSummary> summaries;
   int64_t last_step = 0;
   size_t layers = 0;
   for (const RunLogs& r : runs) {
     summaries.push_back(summarize_run(r));
+    summaries.back().name = labels[summaries.size() - 1];
     last_step = std::max(last_step, r.last_step());
     layers = std::max(layers, r.train_load.size());
   }

@@ -23,6 +23,10 @@ struct RunSummary {
 };
 RunSummary summarize_run(const RunLogs& logs);
 
+// How the page names each run: its directory's name where that is distinct, else the
+// shortest suffix of its path that no other run shares ("a/run", "b/run").
+std::vector<std::string> run_labels(const std::vector<std::string>& run_dirs);
+
 // Throws DataError when fewer than two runs are given.
 std::string render_compare(const std::vector<RunLogs>& runs);
 

@@ -116,8 +116,10 @@ std::string router_section(const std::vector<Series>& mi, const std::vector<Seri
       "− H̄: near 0 the router gives every token the same probabilities, however balanced its "
       "counts look (MiniMind #858). The gradient charts show what trains the router: the LM "
       "loss, or only the balancing losses.</p><div class=\"grid\">" +
-      line_chart("Routing information MI per layer (0 = uninformative)", mi, events, axis) +
-      line_chart("Token entropy H̄ per layer (1 = the same for every token)", entropy, events, axis);
+      line_chart("Routing information MI per layer (0 = uninformative)", mi, events, axis, true,
+                 "uninformative warning") +
+      line_chart("Token entropy H̄ per layer (1 = the same for every token)", entropy, events, axis,
+                 true, "uninformative warning");
   if (!grad_lm.empty())
     html += line_chart("log10 ‖∂LM/∂W_gate‖ per layer (log steps)", grad_lm, {}, axis) +
             line_chart("log10 ‖∂(aux + z)/∂W_gate‖ per layer (log steps)", grad_bal, {}, axis);
@@ -126,7 +128,7 @@ std::string router_section(const std::vector<Series>& mi, const std::vector<Seri
 
 std::string legend() {
   std::string svg =
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"40\" class=\"legendbar\">";
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"54\" class=\"legendbar\">";
   for (int i = 0; i < 100; ++i)
     svg += fmt::format("<rect x=\"{}\" y=\"4\" width=\"4.6\" height=\"14\" fill=\"{}\"/>",
                        56 + i * 4.5, share_color(i / 50.0));
@@ -134,7 +136,10 @@ std::string legend() {
       "<text x=\"56\" y=\"32\" class=\"tick\">0: dead</text>"
       "<text x=\"281\" y=\"32\" class=\"tick\" text-anchor=\"middle\">1: fair share (1/E)</text>"
       "<text x=\"506\" y=\"32\" class=\"tick\" text-anchor=\"end\">≥ 2: twice its "
-      "share</text></svg>";
+      "share</text>"
+      "<line x1=\"56\" x2=\"68\" y1=\"45\" y2=\"45\" class=\"event\"/>"
+      "<text x=\"72\" y=\"48\" class=\"tick\">dashed red line: a collapse warning (console and "
+      "events.jsonl) at that step</text></svg>";
   return svg;
 }
 

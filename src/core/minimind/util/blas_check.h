@@ -65,12 +65,11 @@ class OneBlasThread {
 // OpenBLAS loaded, OpenBLAS gets all of them and torch's OpenMP pool one thread; with any
 // other BLAS, torch gets them. Why: matmuls are ~80 % of a step and OpenBLAS splits them
 // well, while torch's OpenMP threads spin-wait after each parallel region and take the
-// cores from OpenBLAS's threads. Measured with minimind-bench on 2 cores (README, "BLAS and
-// threads"): torch 2 + BLAS 2 1,275 tok/s, torch 2 + BLAS 1 ~1,650-1,850, torch 1 + BLAS 2
-// ~2,100-2,250. Returns the number of cores used.
+// cores from OpenBLAS's threads (docs/performance.md; measured in
+// docs/benchmarks/2026-12-01-pytorch-comparison.md). Returns the number of cores used.
 int use_threads(int64_t requested, int64_t local_ranks = 1);
 
-// Below this, a matmul-bound trainer is unusable; OpenBLAS gives 90-140 GFLOP/s here.
+// Below this, a matmul-bound trainer is unusable (the reference BLAS gives a few GFLOP/s).
 constexpr double kMinSaneGflops = 20.0;
 
 }  // namespace minimind

@@ -6,8 +6,8 @@ namespace minimind {
 // By default glibc serves every block above 128 KiB-32 MiB with a fresh mmap and returns it
 // to the kernel on free, so each training step faults in (and zero-fills) hundreds of MB of
 // activations, logits and gradients anew: perf showed ~10 % of the step in page-fault and
-// clear_page kernel code. Keeping freed blocks in the heap for reuse made the bench config
-// ~35 % faster (README, "Memory allocator") at ~15 % more peak RSS. One arena for every
+// clear_page kernel code. Freed blocks are kept in the heap for reuse instead
+// (docs/performance.md, "Memory allocator"). One arena for every
 // thread, so helper threads reuse that heap too. Call once, first thing in main. Returns
 // false if glibc refused a setting.
 bool tune_malloc();

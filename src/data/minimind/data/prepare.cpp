@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,27 @@ namespace fs = std::filesystem;
 
 namespace minimind {
 namespace {
+
+// The way out of a failed tokenizer training, from sentencepiece's message: a vocabulary
+// larger than the corpus can fill ("Please set it to a value <= N") or smaller than the
+// byte pieces, specials and characters it must hold.
+std::string vocab_size_hint(const std::string& message) {
+  const std::string bound = "value <= ";
+  if (const size_t at = message.find(bound); at != std::string::npos) {
+    size_t end = at + bound.size();
+    while (end < message.size() && std::isdigit(static_cast<unsigned char>(message[end]))) ++end;
+    const std::string largest = message.substr(at + bound.size(), end - at - bound.size());
+    return "the corpus is too small for that many pieces: lower model.vocab_size (at most " +
+           largest + " for this corpus) or give more text";
+  }
+  if (message.find("too high") != std::string::npos)
+    return "the corpus is too small for that many pieces: lower model.vocab_size or give more "
+           "text";
+  if (message.find("smaller than required") != std::string::npos)
+    return "a byte-fallback BPE needs at least 256 byte pieces, 3 specials and the corpus's "
+           "distinct characters: raise model.vocab_size";
+  return "check model.vocab_size against the corpus";
+}
 
 // Bump when the tokenizer options or the token-file recipe change: old caches then miss.
 constexpr int kTokenizerRecipe = 1;
@@ -329,8 +351,7 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
         throw TokenizerError(
             "cannot train a tokenizer of model.vocab_size = " + std::to_string(vocab_size) +
                 " pieces on " + data.train + ": " + e.message(),
-            "a byte-fallback BPE needs at least 256 byte pieces, 3 specials "
-            "and the corpus's distinct characters: raise model.vocab_size");
+            vocab_size_hint(e.message()));
       }
       write_file_atomic(out.tokenizer_path, model_bytes);
       log.info("tokenizer trained in {:.2f} s -> {}", training.seconds(), out.tokenizer_path);

@@ -16,12 +16,14 @@ namespace {
 class RowBatch {
  public:
   RowBatch(int64_t max_len, int64_t batch) : max_len_(max_len), batch_(batch) {}
-  // Splits a document into windows of max_len tokens (all of its text is used).
+  // Splits a document into windows of max_len tokens: every token is routed once (a last
+  // window of one token too, so that the counts cover the whole corpus). A document of one
+  // token has no neighbour and is left out (documents are [bos] text [eos]).
   template <class Fn>
   void add_document(size_t domain, const std::vector<int64_t>& doc, Fn&& on_full) {
+    if (doc.size() < 2) return;
     for (size_t at = 0; at < doc.size(); at += static_cast<size_t>(max_len_)) {
       const size_t n = std::min(doc.size() - at, static_cast<size_t>(max_len_));
-      if (n < 2) break;  // a lone token has no neighbour and little to say
       rows_.emplace_back(doc.begin() + static_cast<long>(at),
                          doc.begin() + static_cast<long>(at + n));
       domains_.push_back(domain);

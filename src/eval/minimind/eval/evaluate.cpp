@@ -1,14 +1,36 @@
 #include "minimind/eval/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "minimind/data/batcher.h"
+#include "minimind/data/tokenizer.h"
 #include "minimind/model/next_token_loss.h"
 
 namespace minimind {
 
+std::vector<EvalWindow> eval_windows(const TokenFile& docs, int64_t n, int64_t max_seq_len,
+                                     LongDocuments long_documents) {
+  std::vector<EvalWindow> rows;
+  rows.reserve(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) {
+    const auto doc = static_cast<uint64_t>(d);
+    const auto len = static_cast<int64_t>(docs.doc_length(doc));
+    if (len <= max_seq_len) {
+      rows.push_back({doc, 0, len, false});
+    } else if (long_documents == LongDocuments::truncate) {
+      rows.push_back({doc, 0, max_seq_len, true});
+    } else {
+      // The last window holds at least two tokens: its start is before the last token.
+      for (int64_t at = 0; at < len - 1; at += max_seq_len - 1)
+        rows.push_back({doc, at, std::min(max_seq_len, len - at), false});
+    }
+  }
+  return rows;
+}
+
 EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs, Distributed* dist) {
+                    int64_t batch_size, int64_t max_docs, Distributed* dist,
+                    LongDocuments long_documents) {
   const bool was_training = model->is_training();
   model->eval();
   // Inference mode: no autograd bookkeeping (version counters, view tracking) on any op.
@@ -20,27 +42,36 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   r.expert_counts =
       ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts),
                           m.use_moe && m.learned_router());
-  const int64_t n = max_docs < 0
-                        ? static_cast<int64_t>(docs.num_docs())
-                        : std::min<int64_t>(max_docs, static_cast<int64_t>(docs.num_docs()));
+  const auto all_docs = static_cast<int64_t>(docs.num_docs());
+  const int64_t n = max_docs < 0 ? all_docs : std::min<int64_t>(max_docs, all_docs);
+  r.documents = n;
+  r.corpus_documents = all_docs;
+  r.corpus_tokens = static_cast<int64_t>(docs.num_tokens()) - all_docs;
+  const std::vector<EvalWindow> rows = eval_windows(docs, n, max_seq_len, long_documents);
+  r.rows = static_cast<int64_t>(rows.size());
+  const auto total = static_cast<int64_t>(rows.size());
   double loss_sum = 0;
-  for (int64_t first = rank * batch_size; first < n; first += world * batch_size) {
-    const int64_t B = std::min(batch_size, n - first);
-    // Rows are only as long as the longest document of the batch needs.
+  int64_t tokens = 0;
+  for (int64_t first = rank * batch_size; first < total; first += world * batch_size) {
+    const int64_t B = std::min(batch_size, total - first);
+    // Rows are only as long as the longest of the batch needs.
     int64_t L = 2;
-    for (int64_t d = first; d < first + B; ++d)
-      L = std::max<int64_t>(L, std::min<int64_t>(docs.doc_length(d), max_seq_len));
-    torch::Tensor ids = torch::empty({B, L}, torch::kLong);     // [B, L]
-    torch::Tensor labels = torch::empty({B, L}, torch::kLong);  // [B, L]
-    for (int64_t b = 0; b < B; ++b)
-      fill_pad_row(docs, static_cast<uint64_t>(first + b), L, ids.data_ptr<int64_t>() + b * L,
-                   labels.data_ptr<int64_t>() + b * L);
+    for (int64_t b = first; b < first + B; ++b)
+      L = std::max(L, rows[static_cast<size_t>(b)].length);
+    torch::Tensor ids = torch::full({B, L}, kPadId, torch::kLong);   // [B, L]
+    torch::Tensor labels = torch::full({B, L}, -100, torch::kLong);  // [B, L]
+    for (int64_t b = 0; b < B; ++b) {
+      const EvalWindow& w = rows[static_cast<size_t>(first + b)];
+      int64_t* row = ids.data_ptr<int64_t>() + b * L;
+      docs.copy(docs.doc_start(w.doc) + static_cast<uint64_t>(w.start),
+                static_cast<uint64_t>(w.length), row);
+      if (w.eos_at_end) row[w.length - 1] = kEosId;
+      std::copy(row, row + w.length, labels.data_ptr<int64_t>() + b * L);
+    }
     ForwardOutput out = model(ids);
-    torch::Tensor targets = labels.narrow(1, 1, L - 1);  // [B, L-1]
     torch::Tensor ce = next_token_loss(out.logits, labels, /*mean=*/false);
     loss_sum += ce.item<double>();
-    r.tokens += (targets != -100).sum().item<int64_t>();
-    r.documents += B;
+    tokens += (labels.narrow(1, 1, L - 1) != -100).sum().item<int64_t>();  // [B, L-1]
     r.expert_counts.add(out.expert_counts);
     r.expert_counts.add_router(out.layer_router);
   }
@@ -48,10 +79,11 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
     std::vector<double> sums{loss_sum};
     dist->all_reduce_sum(sums);
     loss_sum = sums[0];
-    std::vector<int64_t> totals{r.tokens, r.documents};
+    std::vector<int64_t> totals{tokens};
     sum_over_ranks(r.expert_counts, totals, *dist);
-    r.tokens = totals[0], r.documents = totals[1];
+    tokens = totals[0];
   }
+  r.tokens = tokens;
   r.loss_sum = loss_sum;
   r.loss = r.tokens > 0 ? loss_sum / r.tokens : NAN;
   r.ppl = std::exp(r.loss);

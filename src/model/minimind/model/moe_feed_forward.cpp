@@ -213,8 +213,8 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   }
   if (r.logits.defined() && (stats || train_router)) {
     const bool z_trains = train_router && cfg_.router_z_loss_coef > 0;
-    c10::optional<torch::NoGradGuard> no_grad;  // logged only: keep it out of the graph
-    if (!z_trains) no_grad.emplace();
+    // Logged only: keep it out of the graph.
+    const c10::AutoGradMode grad_mode(z_trains && c10::GradMode::is_enabled());
     torch::Tensor lse2 = torch::logsumexp(r.logits, -1).pow(2);  // [N]
     torch::Tensor z = shard ? lse2.sum() / static_cast<double>(shard->tokens) : lse2.mean();
     if (z_trains) out.z_loss = z * cfg_.router_z_loss_coef;

@@ -246,7 +246,7 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
     throw CheckpointError("checkpoint state '" + file + "' has format version " +
                           std::to_string(version) + "; this program reads versions 1 to " +
                           std::to_string(kCheckpointVersion) +
-                          " (hint: its model.pth still loads with minimind-eval --checkpoint)");
+                          " (hint: its model.pth still loads with minimind-eval loss or generate)");
   TrainState s;
   s.format_version = static_cast<int>(version);
   auto field = [&](const char* key, auto& out, bool (nlohmann::json::*is_type)() const noexcept,

@@ -70,10 +70,13 @@ void add_counts(std::vector<int64_t>& sum, const std::vector<int64_t>& counts) {
   for (size_t e = 0; e < counts.size(); ++e) sum[e] += counts[e];
 }
 
-std::string load_row(int64_t layer, const RoutingMetrics& m) {
+namespace {
+
+// One glyph per expert of [first, last).
+std::string histogram(const RoutingMetrics& m, size_t first, size_t last) {
   const double E = static_cast<double>(m.counts.size());
   std::string hist;
-  for (size_t e = 0; e < m.counts.size(); ++e) {
+  for (size_t e = first; e < last; ++e) {
     if (m.counts[e] == 0) {
       hist += "·";  // dead
       continue;
@@ -81,6 +84,31 @@ std::string load_row(int64_t layer, const RoutingMetrics& m) {
     // share * E / 2 maps the balanced share 1/E to half height, 2/E and more to full.
     hist += bar_glyph(std::lround(m.share[e] * E / 2.0 * 8.0) - 1);
   }
+  return hist;
+}
+
+}  // namespace
+
+std::vector<std::string> compact_load_rows(int64_t layer, const RoutingMetrics& m,
+                                           const std::optional<RouterInfo>& router) {
+  const size_t E = m.counts.size();
+  std::vector<std::string> rows;
+  std::string hist;
+  if (E <= 32) {
+    hist = histogram(m, 0, E) + "  ";
+  } else {
+    for (size_t at = 0; at < E; at += 64)
+      rows.push_back(
+          fmt::format("L{:<2} e{:<3} {}", layer, at, histogram(m, at, std::min(E, at + 64))));
+  }
+  rows.push_back(fmt::format("L{:<2} {}max {:.2f} e{}  maxvio {:.2f}  H {:.2f}  dead {}{}", layer,
+                             hist, m.max_share, m.max_expert, m.max_vio, m.entropy, m.dead.size(),
+                             router ? fmt::format("  MI {:.3f}", router->mi) : ""));
+  return rows;
+}
+
+std::string load_row(int64_t layer, const RoutingMetrics& m) {
+  const std::string hist = histogram(m, 0, m.counts.size());
   return fmt::format("L{:<2} {}  max {:.2f} e{}  maxvio {:.2f}  cv {:.2f}  H {:.2f}  dead {}",
                      layer, hist, m.max_share, m.max_expert, m.max_vio, m.cv, m.entropy,
                      m.dead.size());

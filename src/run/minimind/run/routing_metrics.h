@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,5 +53,11 @@ void add_sums(std::vector<double>& sum, const std::vector<double>& values);
 // One row for the terminal: bars scaled so a balanced layer is half height.
 // e.g. "L2 ▄▄▅▃ max 0.31 e2  maxvio 0.24  cv 0.15  H 0.99  dead 0"
 std::string load_row(int64_t layer, const RoutingMetrics& m);
+
+// The same for a console of 120 columns: "L0  ▄▆▂▄  max 0.53 e0  maxvio 1.11  H 0.81  dead 0
+// MI 0.382" (MI with a learned router). With more than 32 experts the histogram gets lines
+// of its own, at most 64 glyphs each, before the figures.
+std::vector<std::string> compact_load_rows(int64_t layer, const RoutingMetrics& m,
+                                           const std::optional<RouterInfo>& router);
 
 }  // namespace minimind

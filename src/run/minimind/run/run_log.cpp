@@ -40,6 +40,10 @@ void read_value(const std::string& name, const json& v, double& out) {
   if (!v.is_number()) bad_field(name, v, "a number");
   out = v.get<double>();
 }
+void read_value(const std::string& name, const json& v, bool& out) {
+  if (!v.is_boolean()) bad_field(name, v, "true or false");
+  out = v.get<bool>();
+}
 void read_value(const std::string& name, const json& v, std::string& out) {
   if (!v.is_string()) bad_field(name, v, "a string");
   out = v.get<std::string>();

@@ -152,16 +152,23 @@ struct UninformativeRecord {
 // minimind-eval --json: loss and expert load of a checkpoint on a corpus.
 struct EvalSummary {
   double loss = 0, ppl = 0;
-  int64_t tokens = 0, documents = 0;
+  int64_t tokens = 0, documents = 0;  // predicted positions; documents evaluated
   double seconds = 0, tokens_per_s = 0;
   std::string weights;                  // the .pth evaluated
   std::vector<LoadRecord> expert_load;  // split "eval", one per MoE layer
+  // The whole corpus: its predictable positions (all tokens but each document's bos) and
+  // documents, so that tokens < corpus_tokens says what was left out (--max-docs,
+  // --truncate). Unset in summaries written before they existed.
+  std::optional<int64_t> corpus_tokens, corpus_documents;
+  std::optional<bool> truncated;  // --truncate: long documents were cut to their first window
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
     f("loss", r.loss), f("ppl", r.ppl), f("tokens", r.tokens), f("documents", r.documents);
     f("seconds", r.seconds), f("tokens_per_s", r.tokens_per_s), f("weights", r.weights);
     f("expert_load", r.expert_load);
+    f("corpus_tokens", r.corpus_tokens), f("corpus_documents", r.corpus_documents);
+    f("truncated", r.truncated);
   }
 };
 

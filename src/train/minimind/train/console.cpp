@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "minimind/run/routing_metrics.h"
 
@@ -18,8 +19,8 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-ConsoleObserver::ConsoleObserver(spdlog::logger& log, bool live)
-    : log_(log), live_(live && isatty(STDERR_FILENO)) {}
+ConsoleObserver::ConsoleObserver(spdlog::logger& log, bool live, bool full)
+    : log_(log), live_(live && isatty(STDERR_FILENO)), full_(full) {}
 
 ConsoleObserver::~ConsoleObserver() {
   clear_status();
@@ -33,12 +34,17 @@ void ConsoleObserver::clear_status() {
 }
 
 void ConsoleObserver::on_step(const StepInfo& s) {
-  tokens_ += s.stats->tokens;
+  // The interval's line of this step was printed already (its news comes first) and
+  // restarted the throughput: this step's tokens are in that line, not in the next one.
+  if (logged_this_step_)
+    logged_this_step_ = false;
+  else
+    tokens_ += s.stats->tokens;
   max_steps_ = s.max_steps;
   eta_ = s.loop_seconds / static_cast<double>(s.step - s.first_step) * (s.max_steps - s.step);
   if (!live_) return;
   const StepStats& st = *s.stats;
-  const double tok_s = tokens_ / std::max(1e-9, clock_.seconds());
+  const double tok_s = tokens_ > 0 ? tokens_ / std::max(1e-9, clock_.seconds()) : last_tok_s_;
   std::fprintf(stderr, "\r\033[K%s",
                fmt::format("step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f} | lr {:.2e} | "
                            "grad {:.3f} | {:.0f} tok/s | ETA {}",
@@ -52,15 +58,28 @@ void ConsoleObserver::on_step(const StepInfo& s) {
 void ConsoleObserver::on_interval(const IntervalInfo& i) {
   clear_status();
   const TrainRecord& r = i.record;
+  last_tok_s_ = r.tok_per_s;
   // z and dropped only when their method is on.
   const std::string lab = (r.z_loss ? fmt::format(" | z {:.5f}", *r.z_loss) : "") +
                           (r.dropped ? fmt::format(" | dropped {:.1f}%", 100 * *r.dropped) : "");
-  log_.info(
-      "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f}{} | lr {:.2e} | grad {:.3f} | "
-      "{:.0f} tok/s | ETA {}",
-      r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, lab, r.lr, r.grad_norm, r.tok_per_s,
-      format_duration(eta_));
+  if (full_) {
+    log_.info(
+        "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f}{} | lr {:.2e} | grad {:.3f} | "
+        "{:.0f} tok/s | ETA {}",
+        r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, lab, r.lr, r.grad_norm, r.tok_per_s,
+        format_duration(eta_));
+  } else {
+    // At most ~105 columns for a run of 10^6 steps; z and dropped on a line of their own.
+    log_.info(
+        "step {}/{}  loss {:.4f} (lm {:.4f} aux {:.5f})  lr {:.2e}  grad {:.3f}  "
+        "{:.0f} tok/s  ETA {}",
+        r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, r.lr, r.grad_norm, r.tok_per_s,
+        format_duration(eta_));
+    if (!lab.empty()) log_.info("  {}", lab.substr(3));
+  }
   log_load_rows("", i.counts, &i);
+  // IntervalWindow comes before this observer: the step's own on_step follows.
+  logged_this_step_ = true;
 }
 
 void ConsoleObserver::on_eval(const EvalInfo& e) {
@@ -75,7 +94,16 @@ void ConsoleObserver::on_eval(const EvalInfo& e) {
 void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& counts,
                                     const IntervalInfo* interval) {
   for (size_t l = 0; l < counts.layers.size(); ++l) {
-    std::string row = load_row(static_cast<int64_t>(l), routing_metrics(counts.layers[l]));
+    const RoutingMetrics m = routing_metrics(counts.layers[l]);
+    if (!full_) {
+      const std::optional<RouterInfo> router =
+          l < counts.router.size() ? std::optional<RouterInfo>(counts.router_info(l))
+                                   : std::nullopt;
+      for (const std::string& line : compact_load_rows(static_cast<int64_t>(l), m, router))
+        log_.info("  {}{}", prefix, line);
+      continue;
+    }
+    std::string row = load_row(static_cast<int64_t>(l), m);
     if (l < counts.router.size()) row += "  " + router_row(counts.router_info(l));
     if (interval && l < interval->layer_z.size())
       row += fmt::format("  z {:.2f}", interval->layer_z[l]);

@@ -15,8 +15,9 @@ std::string format_duration(double seconds);
 
 class ConsoleObserver : public Observer {
  public:
-  // live: show the status line (rank 0, when stdout is a terminal).
-  ConsoleObserver(spdlog::logger& log, bool live);
+  // live: show the status line (rank 0, when stdout is a terminal). full: every metric per
+  // layer (log.console: full); else lines of at most 120 columns with the timestamp.
+  ConsoleObserver(spdlog::logger& log, bool live, bool full = false);
   ~ConsoleObserver() override;  // clears the status line, also when the run fails
 
   // max_steps here: a resumed run's first interval line comes before its first on_step.
@@ -39,7 +40,7 @@ class ConsoleObserver : public Observer {
   void log_load_rows(const char* prefix, const ExpertCounts& counts,
                      const IntervalInfo* interval = nullptr);
   spdlog::logger& log_;
-  bool live_;
+  bool live_, full_;
   bool status_shown_ = false;
   int world_size_ = 1;
   bool evaluated_ = false;
@@ -47,6 +48,8 @@ class ConsoleObserver : public Observer {
   double eta_ = 0;  // of the last step
   // Throughput for the status line: tokens since the last log line (evaluations excluded).
   int64_t tokens_ = 0;
+  bool logged_this_step_ = false;  // a log line came before this step's on_step
+  double last_tok_s_ = 0;          // the last interval's, until the next step is timed
   Stopwatch clock_;
 };
 

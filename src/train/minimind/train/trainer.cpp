@@ -72,7 +72,7 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   Observers bus;
   IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1,
                         cfg.model.use_moe && cfg.model.router_z_loss_coef > 0);
-  ConsoleObserver console(*s->log, main_rank);
+  ConsoleObserver console(*s->log, main_rank, cfg.log.console == "full");
   std::optional<RunLogObserver> logs;
   std::optional<CollapseWatcher> watcher;
   std::optional<Checkpointer> checkpointer;
