@@ -3,9 +3,11 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 
 #include "minimind/config.h"  // program_dir
@@ -68,6 +70,8 @@ const SpmApi& spm() {
 
 struct Tokenizer::Handle {
   void* spm = nullptr;
+  std::once_flag pieces_once;
+  std::vector<PieceInfo> pieces;
   ~Handle() {
     if (spm) minimind::spm().unload(spm);
   }
@@ -196,6 +200,79 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 
 std::string Tokenizer::piece(int32_t id) const {
   return spm().id_to_piece(handle_->spm, id);
+}
+
+float Tokenizer::score(int32_t id) const {
+  return pieces().at(static_cast<size_t>(id)).score;
+}
+
+PieceType Tokenizer::piece_type(int32_t id) const {
+  return pieces().at(static_cast<size_t>(id)).type;
+}
+
+// The serialised model is a sentencepiece ModelProto; its pieces (field 1, repeated) each
+// hold piece (1, string), score (2, float) and type (3, enum). Read here because Debian's
+// sentencepiece installs no header for the proto and its processor API has no user-defined
+// test. Only the wire types those fields use are needed to skip the others.
+const std::vector<Tokenizer::PieceInfo>& Tokenizer::pieces() const {
+  std::call_once(handle_->pieces_once, [&] {
+    const auto* p = reinterpret_cast<const unsigned char*>(bytes_.data());
+    const unsigned char* const end = p + bytes_.size();
+    auto varint = [&](const unsigned char*& q, const unsigned char* stop) {
+      uint64_t v = 0;
+      for (int shift = 0; q < stop && shift < 64; shift += 7) {
+        const unsigned char b = *q++;
+        v |= static_cast<uint64_t>(b & 0x7F) << shift;
+        if (!(b & 0x80)) return v;
+      }
+      throw TokenizerError("tokenizer '" + source_ + "' is not a valid sentencepiece model");
+    };
+    auto skip = [&](const unsigned char*& q, const unsigned char* stop, uint64_t wire) {
+      if (wire == 0)
+        varint(q, stop);
+      else if (wire == 1)
+        q += 8;
+      else if (wire == 2)
+        q += varint(q, stop);
+      else if (wire == 5)
+        q += 4;
+      else
+        throw TokenizerError("tokenizer '" + source_ + "' is not a valid sentencepiece model");
+      if (q > stop) throw TokenizerError("tokenizer '" + source_ + "' is truncated");
+    };
+    std::vector<PieceInfo>& out = handle_->pieces;
+    while (p < end) {
+      const uint64_t key = varint(p, end);
+      if ((key >> 3) != 1 || (key & 7) != 2) {
+        skip(p, end, key & 7);
+        continue;
+      }
+      const uint64_t n = varint(p, end);
+      if (n > static_cast<uint64_t>(end - p))
+        throw TokenizerError("tokenizer '" + source_ + "' is truncated");
+      const unsigned char* q = p;
+      const unsigned char* const stop = p + n;
+      PieceInfo info{0.0f, PieceType::normal};
+      while (q < stop) {
+        const uint64_t k = varint(q, stop);
+        if (k == ((2 << 3) | 5) && stop - q >= 4) {
+          std::memcpy(&info.score, q, 4);
+          q += 4;
+        } else if (k == ((3 << 3) | 0)) {
+          info.type = static_cast<PieceType>(varint(q, stop));
+        } else {
+          skip(q, stop, k & 7);
+        }
+      }
+      out.push_back(info);
+      p = stop;
+    }
+    if (static_cast<int32_t>(out.size()) != vocab_size())
+      throw TokenizerError("tokenizer '" + source_ + "': " + std::to_string(out.size()) +
+                           " pieces in the model file, " + std::to_string(vocab_size()) +
+                           " in sentencepiece");
+  });
+  return handle_->pieces;
 }
 
 int32_t Tokenizer::vocab_size() const {

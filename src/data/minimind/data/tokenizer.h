@@ -18,6 +18,17 @@ constexpr int32_t kPadId = 0;  // <|endoftext|>
 constexpr int32_t kBosId = 1;  // <|im_start|>
 constexpr int32_t kEosId = 2;  // <|im_end|>
 
+// What kind of piece an id is (sentencepiece's kinds, numbered as its ModelProto and as
+// GGUF's token types).
+enum class PieceType : int32_t {
+  normal = 1,
+  unknown = 2,
+  control = 3,       // pad, bos, eos
+  user_defined = 4,  // "\n"
+  unused = 5,
+  byte = 6,  // byte fallback, "<0x0A>"
+};
+
 class Tokenizer {
  public:
   // From a serialised model (the bytes of a .model file).
@@ -34,12 +45,19 @@ class Tokenizer {
   std::vector<int32_t> encode_document(std::string_view text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string piece(int32_t id) const;
+  float score(int32_t id) const;  // BPE: pieces with higher scores merge first
+  PieceType piece_type(int32_t id) const;
   int32_t vocab_size() const;
   const std::string& model_bytes() const { return bytes_; }
   // Throws TokenizerError unless the tokenizer has exactly model.vocab_size pieces.
   void check_vocab_size(int64_t model_vocab_size) const;
 
  private:
+  struct PieceInfo {
+    float score;
+    PieceType type;
+  };
+  const std::vector<PieceInfo>& pieces() const;  // read from the model bytes once
   struct Handle;
   std::shared_ptr<Handle> handle_;
   std::string bytes_;

@@ -1,0 +1,303 @@
+#include "minimind/export/export_model.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "minimind/error.h"
+#include "minimind/export/gguf.h"
+#include "minimind/export/hf_tokenizer.h"
+#include "minimind/export/safetensors.h"
+#include "minimind/util/atomic_file.h"
+
+namespace fs = std::filesystem;
+
+namespace minimind {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+[[noreturn]] void refuse(const std::string& key, const std::string& target,
+                         const std::string& why) {
+  throw ConfigError("cannot export to " + target + ": " + key + " " + why,
+                    target == "GGUF" ? "train without it, or use --format hf where it applies"
+                                     : "use --format gguf (llama.cpp computes it), or train "
+                                       "without it");
+}
+
+// Every parameter and buffer of the model by MiniMind's name.
+std::map<std::string, torch::Tensor> state_of(const EvalModel& m) {
+  std::map<std::string, torch::Tensor> s;
+  for (const auto& p : m.model->named_parameters()) s[p.key()] = p.value().detach();
+  for (const auto& b : m.model->named_buffers()) s[b.key()] = b.value().detach();
+  return s;
+}
+
+const torch::Tensor& at(const std::map<std::string, torch::Tensor>& s, const std::string& name) {
+  const auto it = s.find(name);
+  if (it == s.end()) throw WeightsError("the model has no tensor " + name);
+  return it->second;
+}
+
+GgufType gguf_type(ExportDtype d) {
+  return d == ExportDtype::f32   ? GgufType::f32
+         : d == ExportDtype::f16 ? GgufType::f16
+                                 : GgufType::bf16;
+}
+
+// The tokenizer as llama.cpp's "llama" (sentencepiece) vocabulary.
+void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    tokens.push_back(tok.piece(id));
+    scores.push_back(tok.score(id));
+    types.push_back(static_cast<int32_t>(tok.piece_type(id)));
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_f32s("tokenizer.ggml.scores", scores);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", kBosId);
+  w.add_u32("tokenizer.ggml.eos_token_id", kEosId);
+  w.add_u32("tokenizer.ggml.padding_token_id", kPadId);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (tok.piece_type(id) == PieceType::unknown) w.add_u32("tokenizer.ggml.unknown_token_id", id);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);  // the model was trained on [bos] text
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+  // Our sentencepiece model adds no dummy prefix; llama.cpp's default would add one and
+  // change the first token of every text.
+  w.add_bool("tokenizer.ggml.add_space_prefix", false);
+}
+
+std::string gguf_bytes(const EvalModel& em, ExportDtype dtype) {
+  const ModelConfig& m = em.config.model;
+  const std::string arch = gguf_architecture(m);
+  const auto s = state_of(em);
+  const GgufType wt = gguf_type(dtype);
+  GgufWriter w;
+  w.add_string("general.architecture", arch);
+  w.add_string("general.name", em.config.run.name);
+  w.add_u32(arch + ".context_length", static_cast<uint32_t>(m.max_position_embeddings));
+  w.add_u32(arch + ".embedding_length", static_cast<uint32_t>(m.hidden_size));
+  w.add_u32(arch + ".block_count", static_cast<uint32_t>(m.num_hidden_layers));
+  w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(m.ffn_size()));
+  w.add_u32(arch + ".attention.head_count", static_cast<uint32_t>(m.num_attention_heads));
+  w.add_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(m.num_key_value_heads));
+  w.add_u32(arch + ".attention.key_length", static_cast<uint32_t>(m.head_dim()));
+  w.add_u32(arch + ".attention.value_length", static_cast<uint32_t>(m.head_dim()));
+  w.add_f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(m.rms_norm_eps));
+  w.add_f32(arch + ".rope.freq_base", static_cast<float>(m.rope_theta));  // llama.cpp: 1e4
+  w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(m.vocab_size));
+  const bool shared = m.n_shared_experts > 0;
+  if (m.use_moe) {
+    w.add_u32(arch + ".expert_count", static_cast<uint32_t>(m.num_experts));
+    w.add_u32(arch + ".expert_used_count", static_cast<uint32_t>(m.num_experts_per_tok));
+    w.add_u32(arch + ".expert_feed_forward_length", static_cast<uint32_t>(m.expert_ffn_size()));
+  }
+  if (arch == "hy_v3") {
+    w.add_bool(arch + ".expert_weights_norm", m.norm_topk_prob);
+    w.add_u32(arch + ".expert_gating_func", m.scoring_func == "sigmoid" ? 2 : 1);
+    w.add_f32(arch + ".expert_weights_scale", 1.0f);
+    // Its graph always adds a shared expert: without ours, a zero one of width 1.
+    w.add_u32(arch + ".expert_shared_feed_forward_length",
+              static_cast<uint32_t>(shared ? m.n_shared_experts * m.shared_ffn_size() : 1));
+  }
+  add_gguf_tokenizer(w, *em.tokenizer);
+
+  // Vectors (norms, the selection bias) and the router stay float32, as llama.cpp's own
+  // converter keeps them: a rounded router could choose other experts.
+  w.add_tensor("token_embd.weight", at(s, "model.embed_tokens.weight"), wt);
+  w.add_tensor("output_norm.weight", at(s, "model.norm.weight"), GgufType::f32);
+  if (!m.tie_word_embeddings) w.add_tensor("output.weight", at(s, "lm_head.weight"), wt);
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string b = fmt::format("blk.{}.", l), p = fmt::format("model.layers.{}.", l);
+    w.add_tensor(b + "attn_norm.weight", at(s, p + "input_layernorm.weight"), GgufType::f32);
+    w.add_tensor(b + "attn_q.weight", at(s, p + "self_attn.q_proj.weight"), wt);
+    w.add_tensor(b + "attn_k.weight", at(s, p + "self_attn.k_proj.weight"), wt);
+    w.add_tensor(b + "attn_v.weight", at(s, p + "self_attn.v_proj.weight"), wt);
+    w.add_tensor(b + "attn_output.weight", at(s, p + "self_attn.o_proj.weight"), wt);
+    w.add_tensor(b + "attn_q_norm.weight", at(s, p + "self_attn.q_norm.weight"), GgufType::f32);
+    w.add_tensor(b + "attn_k_norm.weight", at(s, p + "self_attn.k_norm.weight"), GgufType::f32);
+    w.add_tensor(b + "ffn_norm.weight", at(s, p + "post_attention_layernorm.weight"),
+                 GgufType::f32);
+    if (!m.use_moe) {
+      for (const char* proj : {"gate", "up", "down"})
+        w.add_tensor(b + "ffn_" + proj + ".weight", at(s, p + "mlp." + proj + "_proj.weight"), wt);
+      continue;
+    }
+    w.add_tensor(b + "ffn_gate_inp.weight", at(s, p + "mlp.gate.weight"), GgufType::f32);
+    for (const char* proj : {"gate", "up", "down"}) {
+      std::vector<torch::Tensor> experts;  // each [F, H] (gate, up) or [H, F] (down)
+      for (int64_t e = 0; e < m.num_experts; ++e)
+        experts.push_back(at(s, p + fmt::format("mlp.experts.{}.{}_proj.weight", e, proj)));
+      w.add_tensor(b + "ffn_" + proj + "_exps.weight", torch::stack(experts), wt);  // [E, ., .]
+    }
+    if (const auto bias = s.find(p + "mlp.gate.e_score_correction_bias");
+        bias != s.end() && m.router_bias_update_rate > 0)
+      w.add_tensor(b + "exp_probs_b", bias->second, GgufType::f32);  // [E]
+    if (arch != "hy_v3") continue;
+    // Shared experts as one of their summed width: gate and up stacked along their
+    // outputs, down along its inputs, which sums the experts' outputs.
+    torch::Tensor gate, up, down;
+    if (shared) {
+      std::vector<torch::Tensor> g, u, d;
+      for (int64_t i = 0; i < m.n_shared_experts; ++i) {
+        const std::string e = p + fmt::format("mlp.shared_experts.{}.", i);
+        g.push_back(at(s, e + "gate_proj.weight")), u.push_back(at(s, e + "up_proj.weight"));
+        d.push_back(at(s, e + "down_proj.weight"));
+      }
+      gate = torch::cat(g, 0), up = torch::cat(u, 0), down = torch::cat(d, 1);  // [nF, H], [H, nF]
+    } else {
+      gate = torch::zeros({1, m.hidden_size}), up = torch::zeros({1, m.hidden_size});
+      down = torch::zeros({m.hidden_size, 1});
+    }
+    w.add_tensor(b + "ffn_gate_shexp.weight", gate, wt);
+    w.add_tensor(b + "ffn_up_shexp.weight", up, wt);
+    w.add_tensor(b + "ffn_down_shexp.weight", down, wt);
+  }
+  return w.bytes();
+}
+
+Json hf_config(const Config& cfg, ExportDtype dtype) {
+  const ModelConfig& m = cfg.model;
+  Json c;
+  c["architectures"] = {hf_architecture(m)};
+  c["model_type"] = m.use_moe ? "qwen3_moe" : "qwen3";
+  c["vocab_size"] = m.vocab_size;
+  c["hidden_size"] = m.hidden_size;
+  c["intermediate_size"] = m.ffn_size();
+  c["num_hidden_layers"] = m.num_hidden_layers;
+  c["num_attention_heads"] = m.num_attention_heads;
+  c["num_key_value_heads"] = m.num_key_value_heads;
+  c["head_dim"] = m.head_dim();
+  c["max_position_embeddings"] = m.max_position_embeddings;
+  c["rms_norm_eps"] = m.rms_norm_eps;
+  c["rope_theta"] = m.rope_theta;
+  c["hidden_act"] = m.hidden_act;
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["tie_word_embeddings"] = m.tie_word_embeddings;
+  c["bos_token_id"] = kBosId, c["eos_token_id"] = kEosId, c["pad_token_id"] = kPadId;
+  if (m.use_moe) {
+    c["num_experts"] = m.num_experts;
+    c["num_experts_per_tok"] = m.num_experts_per_tok;
+    c["moe_intermediate_size"] = m.expert_ffn_size();
+    c["norm_topk_prob"] = m.norm_topk_prob;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = Json::array();
+    c["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    c["output_router_logits"] = false;
+  }
+  c["torch_dtype"] = dtype == ExportDtype::f32   ? "float32"
+                     : dtype == ExportDtype::f16 ? "float16"
+                                                 : "bfloat16";
+  c["use_cache"] = true;
+  return c;
+}
+
+// The Hugging Face directory's files, by name.
+std::map<std::string, std::string> hf_files(const EvalModel& em, ExportDtype dtype) {
+  const ModelConfig& m = em.config.model;
+  hf_architecture(m);  // refuses what Qwen3 cannot compute
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& [name, t] : state_of(em)) {
+    if (name == "lm_head.weight" && m.tie_word_embeddings) continue;  // transformers ties it
+    if (name.find("e_score_correction_bias") != std::string::npos) continue;  // all zero here
+    tensors.emplace_back(name, t);
+  }
+  const std::string st = dtype == ExportDtype::f32   ? "F32"
+                         : dtype == ExportDtype::f16 ? "F16"
+                                                     : "BF16";
+  std::map<std::string, std::string> files;
+  files["model.safetensors"] = safetensors_bytes(tensors, st, {{"format", "pt"}});
+  files["config.json"] = hf_config(em.config, dtype).dump(2) + "\n";
+  Json gen;
+  gen["bos_token_id"] = kBosId, gen["eos_token_id"] = kEosId, gen["pad_token_id"] = kPadId;
+  gen["do_sample"] = true;  // MiniMind's sampling defaults
+  gen["temperature"] = 0.85, gen["top_p"] = 0.85, gen["top_k"] = 50;
+  gen["repetition_penalty"] = 1.0;
+  files["generation_config.json"] = gen.dump(2) + "\n";
+  files["tokenizer.json"] = hf_tokenizer_json(*em.tokenizer);
+  files["tokenizer_config.json"] = hf_tokenizer_config(*em.tokenizer, m.max_position_embeddings);
+  files["tokenizer.model"] = em.tokenizer->model_bytes();
+  return files;
+}
+
+void refuse_existing(const std::string& out, bool overwrite) {
+  if (!overwrite && fs::exists(fs::symlink_status(out)))
+    throw Error("'" + out + "' exists", "pass --overwrite to replace it, or choose another --out");
+}
+
+}  // namespace
+
+std::string gguf_architecture(const ModelConfig& m) {
+  if (!m.use_moe) return "qwen3";
+  if (!m.learned_router())
+    refuse("model.router = " + m.router, "GGUF",
+           "has no counterpart in llama.cpp, whose MoE layers route by a learned gate");
+  if (m.capacity_factor > 0)
+    refuse("model.capacity_factor = " + fmt::format("{}", m.capacity_factor), "GGUF",
+           "drops tokens that overflow an expert; llama.cpp never drops one, so its outputs "
+           "would differ");
+  const bool plain =
+      m.scoring_func == "softmax" && m.router_bias_update_rate == 0 && m.n_shared_experts == 0;
+  // qwen3moe always renormalises the chosen weights; hy_v3 reads whether to.
+  return plain && m.norm_topk_prob ? "qwen3moe" : "hy_v3";
+}
+
+std::string hf_architecture(const ModelConfig& m) {
+  if (!m.use_moe) return "Qwen3ForCausalLM";
+  if (!m.learned_router())
+    refuse("model.router = " + m.router, "a Hugging Face Qwen3-MoE",
+           "has no counterpart: Qwen3-MoE routes by a learned gate");
+  if (m.capacity_factor > 0)
+    refuse("model.capacity_factor", "a Hugging Face Qwen3-MoE",
+           "has no counterpart: Qwen3-MoE never drops tokens");
+  if (m.scoring_func != "softmax")
+    refuse("model.scoring_func = " + m.scoring_func, "a Hugging Face Qwen3-MoE",
+           "has no counterpart: Qwen3-MoE scores experts with a softmax");
+  if (m.router_bias_update_rate > 0)
+    refuse("model.router_bias_update_rate", "a Hugging Face Qwen3-MoE",
+           "(the selection bias) has no counterpart in Qwen3-MoE");
+  if (m.n_shared_experts > 0)
+    refuse("model.n_shared_experts", "a Hugging Face Qwen3-MoE",
+           "has no counterpart: Qwen3-MoE has no shared experts");
+  return "Qwen3MoeForCausalLM";
+}
+
+void export_model(const EvalModel& m, ExportFormat format, ExportDtype dtype,
+                  const std::string& out, bool overwrite) {
+  if (!m.tokenizer)
+    throw TokenizerError("exporting needs the tokenizer: pass --tokenizer FILE.model");
+  refuse_existing(out, overwrite);
+  if (format == ExportFormat::gguf) {
+    if (fs::is_directory(out)) throw Error("'" + out + "' is a directory; give a .gguf file name");
+    write_file_atomic(out, gguf_bytes(m, dtype));
+    return;
+  }
+  const std::map<std::string, std::string> files = hf_files(m, dtype);
+  // The whole directory under a temporary name, renamed into place when complete.
+  const fs::path target = fs::absolute(out).lexically_normal();
+  const fs::path tmp = temp_path(target.string());
+  try {
+    fs::create_directories(tmp);
+    for (const auto& [name, bytes] : files) write_file_atomic((tmp / name).string(), bytes);
+    if (fs::exists(target)) {
+      if (!fs::is_directory(target))
+        throw Error("'" + out + "' is a file; give a directory for --format hf");
+      fs::remove_all(target);
+    }
+    fs::rename(tmp, target);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
+}  // namespace minimind

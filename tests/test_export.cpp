@@ -1,0 +1,347 @@
+// minimind-export, checked by readers that are not ours: llama.cpp itself (node-llama-cpp's
+// prebuilt CPU build) runs the GGUF files, Hugging Face's tokenizers (npm) reads
+// tokenizer.json, and an independent Python reader (tests/reference/check_hf_export.py)
+// parses model.safetensors and runs the weights in the PyTorch reference.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "minimind/config.h"
+#include "minimind/data/prepare.h"
+#include "minimind/eval/eval_inputs.h"
+#include "minimind/eval/generate.h"
+#include "minimind/export/export_model.h"
+#include "minimind/train/trainer.h"
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace minimind;
+
+namespace {
+
+using test::Command;
+
+Command shell(const std::string& cmd) {
+  return test::run_command(cmd);
+}
+
+Command export_cmd(const std::string& args) {
+  return shell(std::string(MINIMIND_EXPORT_BIN) + " " + args);
+}
+
+// The npm packages the test command installs (scripts/test.sh).
+std::string node_script(const std::string& name) {
+  const std::string dir = test::source_path("tests/export");
+  if (!fs::exists(dir + "/node_modules/node-llama-cpp"))
+    ADD_FAILURE() << "tests/export/node_modules is missing: run `npm ci --omit=optional "
+                     "--ignore-scripts --prefix tests/export` (scripts/test.sh does)";
+  return "node " + dir + "/" + name;
+}
+
+// What the checks need of one trained model.
+struct Case {
+  std::string name, run;
+  std::vector<std::string> texts;               // the validation documents' texts
+  std::vector<std::vector<int64_t>> text_ids;   // ours, without [bos] / [eos]
+  std::vector<std::vector<int64_t>> sequences;  // [bos] + ids, for the log-probabilities
+  std::vector<int64_t> prompt;                  // [bos] + the greedy prompt's ids
+};
+
+constexpr int64_t kGreedyTokens = 40;
+constexpr int64_t kMinPositions = 256;
+
+Case make_case(const std::string& dir, const std::string& name, const std::string& preset,
+               const std::vector<std::string>& sets) {
+  std::vector<std::string> overrides = {"train.max_steps=20",
+                                        "train.warmup_steps=2",
+                                        "train.eval_interval=20",
+                                        "train.checkpoint_interval=20",
+                                        "log.interval=10",
+                                        "run.threads=1",
+                                        "data.cache_dir=" + dir + "/cache"};
+  overrides.insert(overrides.end(), sets.begin(), sets.end());
+  const Config cfg = load_config(test::source_path("configs/" + preset), overrides).config;
+  TrainOptions options;
+  options.out_dir = dir + "/" + name;
+  train(cfg, options);
+  Case c{name, options.out_dir, {}, {}, {}, {}};
+  EvalModel m = load_eval_model(c.run, "", "", true);
+  const TokenFile val = TokenFile::open(prepare_data(cfg.data, cfg.model.vocab_size, 1).val_path);
+  int64_t positions = 0;
+  for (uint64_t d = 0; d < val.num_docs(); ++d) {
+    std::vector<int64_t> doc(val.doc_length(d));
+    val.copy(val.doc_start(d), doc.size(), doc.data());
+    const std::vector<int64_t> body(doc.begin() + 1, doc.end() - 1);
+    c.text_ids.push_back(body);
+    c.texts.push_back(m.tokenizer->decode(std::vector<int32_t>(body.begin(), body.end())));
+    if (positions < kMinPositions) {
+      c.sequences.emplace_back(doc.begin(), doc.end() - 1);  // [bos] + text
+      positions += static_cast<int64_t>(c.sequences.back().size()) - 1;
+    }
+  }
+  c.prompt = {kBosId};
+  for (int32_t id : m.tokenizer->encode("It is a truth universally acknowledged"))
+    c.prompt.push_back(id);
+  return c;
+}
+
+// Ours: log p(next token) at every position of each sequence, [sequence][position][V].
+std::vector<torch::Tensor> our_logprobs(EvalModel& m, const Case& c) {
+  torch::NoGradGuard no_grad;
+  m.model->eval();
+  std::vector<torch::Tensor> out;
+  for (const auto& ids : c.sequences) {
+    const torch::Tensor x = torch::tensor(ids, torch::kLong).unsqueeze(0);           // [1, T]
+    out.push_back(torch::log_softmax(m.model(x).logits[0].to(torch::kDouble), -1));  // [T, V]
+  }
+  return out;
+}
+
+// llama.cpp's answers for a GGUF file on the case's texts, sequences and prompt.
+nlohmann::json llama_cpp(const std::string& gguf, const Case& c, const std::string& work) {
+  nlohmann::json cases = {{"texts", c.texts},
+                          {"sequences", c.sequences},
+                          {"greedy", {{"prompt", c.prompt}, {"tokens", kGreedyTokens}}}};
+  const std::string path = work + "/" + c.name + ".cases.json";
+  test::write_text(path, cases.dump());
+  const Command r = shell(node_script("check_gguf.mjs") + " " + gguf + " " + path);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
+
+// The largest difference between llama.cpp's log-probabilities and ours: of each next
+// token, and of the 5 tokens llama.cpp ranks first. Counts the positions compared.
+double max_logprob_diff(const nlohmann::json& ll, const std::vector<torch::Tensor>& ours,
+                        int64_t& positions, const Case& c) {
+  double worst = 0;
+  positions = 0;
+  for (size_t s = 0; s < ours.size(); ++s) {
+    const auto& lp = ll.at("logprobs").at(s);
+    const auto& top = ll.at("top").at(s);
+    for (size_t t = 0; t < lp.size(); ++t, ++positions) {
+      const int64_t next = c.sequences[s][t + 1];
+      worst = std::max(worst, std::abs(lp[t].get<double>() - ours[s][t][next].item<double>()));
+      for (const auto& entry : top[t])
+        worst = std::max(worst, std::abs(entry[1].get<double>() -
+                                         ours[s][t][entry[0].get<int64_t>()].item<double>()));
+    }
+  }
+  return worst;
+}
+
+class ExportTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(test::temp_dir("export"));
+    cases_ = new std::map<std::string, Case>;
+    // The default preset's model, its dense twin, renormalised top-2 (qwen3moe), and a lab
+    // model with sigmoid scores, a selection bias and 2 shared experts, top-2 of 8 (hy_v3).
+    (*cases_)["moe"] = make_case(*dir_, "moe", "moe.yaml", {});
+    (*cases_)["dense"] = make_case(*dir_, "dense", "dense.yaml", {});
+    (*cases_)["top2"] = make_case(*dir_, "top2", "moe.yaml",
+                                  {"model.num_experts_per_tok=2", "model.norm_topk_prob=true"});
+    (*cases_)["lab"] = make_case(
+        *dir_, "lab", "moe.yaml",
+        {"model.num_experts=8", "model.num_experts_per_tok=2", "model.norm_topk_prob=true",
+         "model.scoring_func=sigmoid", "model.router_bias_update_rate=0.01",
+         "model.n_shared_experts=2", "model.moe_intermediate_size=112"});
+  }
+  static void TearDownTestSuite() {
+    delete cases_;
+    delete dir_;
+  }
+  static std::string* dir_;
+  static std::map<std::string, Case>* cases_;
+};
+std::string* ExportTest::dir_ = nullptr;
+std::map<std::string, Case>* ExportTest::cases_ = nullptr;
+
+}  // namespace
+
+// Each model as llama.cpp runs it: its token ids equal ours on the whole validation split,
+// its next-token log-probabilities equal ours within 1e-4 on at least 256 positions, and
+// its 40-token greedy continuation is ours.
+TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
+  const std::map<std::string, std::string> arch = {
+      {"moe", "hy_v3"}, {"dense", "qwen3"}, {"top2", "qwen3moe"}, {"lab", "hy_v3"}};
+  for (const auto& [name, c] : *cases_) {
+    SCOPED_TRACE(name);
+    const std::string gguf = *dir_ + "/" + name + ".gguf";
+    const Command e = export_cmd(c.run + " --format gguf --out " + gguf);
+    ASSERT_EQ(e.status, 0) << e.err;
+    EXPECT_NE(e.err.find("architecture " + arch.at(name)), std::string::npos) << e.err;
+    const nlohmann::json ll = llama_cpp(gguf, c, *dir_);
+    ASSERT_TRUE(ll.contains("tokens"));
+    int64_t same = 0;
+    for (size_t i = 0; i < c.texts.size(); ++i)
+      same += ll["tokens"][i].get<std::vector<int64_t>>() == c.text_ids[i];
+    EXPECT_EQ(same, static_cast<int64_t>(c.texts.size())) << "texts tokenised as we do";
+    EvalModel m = load_eval_model(c.run, "", "", true);
+    int64_t positions = 0;
+    const double diff = max_logprob_diff(ll, our_logprobs(m, c), positions, c);
+    std::printf("%s (%s): %lld positions, largest log-probability difference %.3g\n", name.c_str(),
+                arch.at(name).c_str(), static_cast<long long>(positions), diff);
+    EXPECT_GE(positions, kMinPositions);
+    EXPECT_LE(diff, 1e-4);
+    GenerateOptions greedy;
+    greedy.greedy = true, greedy.max_new_tokens = kGreedyTokens, greedy.eos_id = -1;
+    EXPECT_EQ(ll["greedy"].get<std::vector<int64_t>>(), generate(m.model, c.prompt, greedy));
+  }
+  // The greedy text minimind-eval prints is llama.cpp's too.
+  const Case& c = cases_->at("moe");
+  const nlohmann::json ll = llama_cpp(*dir_ + "/moe.gguf", c, *dir_);
+  const Command ours = shell(std::string(MINIMIND_EVAL_BIN) + " generate " + c.run +
+                             " --prompt 'It is a truth universally acknowledged' --greedy "
+                             "--ignore-eos --max-new-tokens 40");
+  ASSERT_EQ(ours.status, 0) << ours.err;
+  EvalModel m = load_eval_model(c.run, "", "", true);
+  const auto ids = ll["greedy"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ours.out, "It is a truth universally acknowledged" + m.tokenizer->decode(ids) + "\n");
+}
+
+// f16 and bf16 weight matrices (norms, router and bias stay f32): the log-probabilities
+// move by the weights' rounding, not more. f16 keeps 11 significant bits, bf16 8, so a
+// weight moves by up to 2^-11 or 2^-8 of itself and a log-probability by about that much of
+// the logits' spread. Measured on the default preset's model after 20 steps (414
+// positions): f16 4.3e-4, bf16 3.6e-2; the bounds are about 3x that.
+TEST_F(ExportTest, HalfPrecisionGgufIsCloseToFloat) {
+  const Case& c = cases_->at("moe");
+  EvalModel m = load_eval_model(c.run, "", "", true);
+  const std::vector<torch::Tensor> ours = our_logprobs(m, c);
+  for (const auto& [dtype, tol] :
+       std::vector<std::pair<std::string, double>>{{"f16", 1.5e-3}, {"bf16", 1e-1}}) {
+    const std::string gguf = *dir_ + "/moe-" + dtype + ".gguf";
+    const Command e = export_cmd(c.run + " --format gguf --dtype " + dtype + " --out " + gguf);
+    ASSERT_EQ(e.status, 0) << e.err;
+    const std::string f32 = *dir_ + "/moe-f32.gguf";
+    if (!fs::exists(f32)) {
+      ASSERT_EQ(export_cmd(c.run + " --format gguf --out " + f32).status, 0);
+    }
+    EXPECT_LT(fs::file_size(gguf), fs::file_size(f32) * 0.6);
+    const nlohmann::json ll = llama_cpp(gguf, c, *dir_);
+    ASSERT_TRUE(ll.contains("logprobs"));
+    int64_t positions = 0;
+    const double diff = max_logprob_diff(ll, ours, positions, c);
+    std::printf("%s: largest log-probability difference %.3g over %lld positions\n", dtype.c_str(),
+                diff, static_cast<long long>(positions));
+    EXPECT_LE(diff, tol) << dtype;
+  }
+}
+
+// The Hugging Face directory: read by an independent safetensors reader and run in the
+// PyTorch reference (logits within 1e-5), its tokenizer.json run by Hugging Face's own
+// tokenizers (our ids, [bos] first, on the whole validation split).
+TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
+  for (const std::string name : {"moe", "dense", "top2"}) {
+    SCOPED_TRACE(name);
+    const Case& c = cases_->at(name);
+    const std::string out = *dir_ + "/" + name + "-hf";
+    const Command e = export_cmd(c.run + " --format hf --out " + out);
+    ASSERT_EQ(e.status, 0) << e.err;
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors",
+                          "tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+      EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+    const nlohmann::json config = nlohmann::json::parse(test::read_text(out + "/config.json"));
+    EXPECT_EQ(config["architectures"][0],
+              name == "dense" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");
+    if (name != "dense") {
+      EXPECT_EQ(config["norm_topk_prob"], name == "top2");
+    }
+    // Our logits on the first sequence, for the reference to reproduce.
+    EvalModel m = load_eval_model(c.run, "", "", true);
+    torch::NoGradGuard no_grad;
+    m.model->eval();
+    const torch::Tensor ids = torch::tensor(c.sequences[0], torch::kLong).unsqueeze(0);  // [1, T]
+    const torch::Tensor logits = m.model(ids).logits;  // [1, T, V]
+    const std::vector<char> pickled =
+        torch::pickle_save(c10::IValue(std::vector<torch::Tensor>{ids, logits}));
+    test::write_text(out + "-ours.pt", std::string(pickled.begin(), pickled.end()));
+    const Command py = shell(std::string(MINIMIND_PYTHON) + " " +
+                             test::source_path("tests/reference/check_hf_export.py") + " " + out +
+                             " " + out + "-ours.pt");
+    EXPECT_EQ(py.status, 0) << py.out << py.err;
+    std::printf("%s", py.out.c_str());
+    // tokenizer.json under Hugging Face's tokenizers.
+    test::write_text(out + "-texts.json", nlohmann::json(c.texts).dump());
+    const Command tk =
+        shell(node_script("check_hf_tokenizer.mjs") + " " + out + " " + out + "-texts.json");
+    ASSERT_EQ(tk.status, 0) << tk.err;
+    const nlohmann::json hf = nlohmann::json::parse(tk.out);
+    int64_t same = 0;
+    for (size_t i = 0; i < c.texts.size(); ++i) {
+      std::vector<int64_t> want{kBosId};
+      want.insert(want.end(), c.text_ids[i].begin(), c.text_ids[i].end());
+      same += hf["ids"][i].get<std::vector<int64_t>>() == want;
+    }
+    EXPECT_EQ(same, static_cast<int64_t>(c.texts.size()));
+  }
+}
+
+// What the target cannot compute is refused, naming the key and why; nothing is written.
+TEST_F(ExportTest, RefusesWhatTheTargetCannotCompute) {
+  const Case& lab = cases_->at("lab");
+  const Command hf = export_cmd(lab.run + " --format hf --out " + *dir_ + "/lab-hf");
+  EXPECT_EQ(hf.status, 1);
+  EXPECT_NE(hf.err.find("model.scoring_func = sigmoid"), std::string::npos) << hf.err;
+  EXPECT_FALSE(fs::exists(*dir_ + "/lab-hf"));
+  ModelConfig capacity;
+  capacity.use_moe = true, capacity.capacity_factor = 1.25;
+  EXPECT_NE(test::error_of<ConfigError>([&] {
+              gguf_architecture(capacity);
+            }).find("model.capacity_factor"),
+            std::string::npos);
+  ModelConfig hash;
+  hash.use_moe = true, hash.router = "hash";
+  EXPECT_NE(
+      test::error_of<ConfigError>([&] { gguf_architecture(hash); }).find("model.router = hash"),
+      std::string::npos);
+  ModelConfig shared;
+  shared.use_moe = true, shared.n_shared_experts = 1;
+  EXPECT_EQ(gguf_architecture(shared), "hy_v3");
+  EXPECT_NE(
+      test::error_of<ConfigError>([&] { hf_architecture(shared); }).find("model.n_shared_experts"),
+      std::string::npos);
+}
+
+// An existing --out is kept unless --overwrite; a damaged checkpoint is minimind-eval's
+// error; a full disk leaves no partial file.
+TEST_F(ExportTest, BadInputLosesNothing) {
+  const Case& c = cases_->at("dense");
+  const std::string out = *dir_ + "/kept.gguf";
+  test::write_text(out, "mine");
+  Command e = export_cmd(c.run + " --format gguf --out " + out);
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.err.find("--overwrite"), std::string::npos) << e.err;
+  EXPECT_EQ(test::read_text(out), "mine");
+  e = export_cmd(c.run + " --format gguf --out " + out + " --overwrite");
+  EXPECT_EQ(e.status, 0) << e.err;
+  EXPECT_EQ(test::read_text(out).substr(0, 4), "GGUF");
+  EXPECT_EQ(export_cmd(c.run + " --format onnx --out x").status, 1);
+  // A truncated model.pth: the error minimind-eval gives.
+  const std::string broken = *dir_ + "/broken";
+  fs::copy(c.run + "/checkpoints/step_00000020", broken, fs::copy_options::recursive);
+  fs::resize_file(broken + "/model.pth", 1000);
+  e = export_cmd(broken + " --tokenizer " + c.run + "/tokenizer.model --format gguf --out " +
+                 *dir_ + "/broken.gguf");
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.err.find("corrupt or truncated"), std::string::npos) << e.err;
+  EXPECT_FALSE(fs::exists(*dir_ + "/broken.gguf"));
+
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs for the full disk";
+  const std::string full = *dir_ + "/full";
+  const test::TmpfsMount disk(full, "2m");
+  ASSERT_TRUE(disk.mounted);
+  for (const std::string format : {"gguf", "hf"}) {
+    e = export_cmd(cases_->at("moe").run + " --format " + format + " --out " + full + "/m");
+    EXPECT_EQ(e.status, 1) << format;
+    EXPECT_NE(e.err.find("No space left on device"), std::string::npos) << e.err;
+    EXPECT_TRUE(fs::is_empty(full)) << format << ": a partial file was left";
+  }
+}
