@@ -1,17 +1,22 @@
 // minimind-eval: loss/perplexity and expert load of a checkpoint on any corpus, text
 // generation, and inspection of a run's expert-load logs (terminal and report.html).
+#include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "command_line.h"
 #include "minimind/analysis/compare.h"
@@ -42,7 +47,7 @@ struct Args {
   std::vector<std::string> data_list;  // analyze: repeatable, NAME=FILE
   std::vector<std::string> runs;       // compare
   int64_t max_docs = -1, batch_size = 0, threads = 0;
-  bool json = false, truncate = false;
+  bool json = false, truncate = false, follow = false;
   minimind::GenerateOptions gen;
 };
 
@@ -217,6 +222,43 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
 
 }  // namespace
 
+// Whether the trainer that owns run_dir still runs: its PID is in RUN/.lock (written by the
+// lock's holder; reading it takes no lock). No file, no such process, or a process of
+// another name: it has ended.
+bool trainer_running(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/.lock");
+  long pid = 0;
+  if (!(in >> pid) || pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
+  // A PID the system gave to another program since: not the trainer.
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  return !(comm >> name) || name == "minimind-train";
+}
+
+// inspect --follow: the view redrawn whenever the logs change, until the trainer has gone
+// (one last view after that) or Ctrl-C.
+int follow_command(const std::string& run_dir) {
+  const bool tty = isatty(STDOUT_FILENO);
+  std::string shown;
+  while (true) {
+    const bool running = trainer_running(run_dir);
+    const std::string text = minimind::inspect_text(minimind::read_run_logs(run_dir));
+    // While running, each change redraws the view; the last pass says that the run ended
+    // (redrawn on a terminal, only that line when piped and nothing changed).
+    if (text != shown || !running) {
+      const bool redraw = text != shown || tty;
+      if (redraw) std::cout << (tty ? "\033[H\033[2J" : shown.empty() ? "" : "\n") << text;
+      std::cout << (running ? "(following; Ctrl-C to stop)\n" : "(the run has ended)\n")
+                << std::flush;
+      shown = text;
+    }
+    if (!running) break;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  return 0;
+}
+
 // The flag forms of earlier versions (--checkpoint, --inspect, ...) as the subcommand that
 // replaced them, e.g. "minimind-eval inspect runs/moe"; empty when argv has none of them.
 std::string old_form_as_subcommand(int argc, char** argv) {
@@ -323,6 +365,9 @@ int main(int argc, char** argv) {
 
   CLI::App* inspect = app.add_subcommand("inspect", "a run's expert-load history in the terminal");
   inspect->add_option("RUN", a.path, "run directory")->required();
+  inspect->add_flag("--follow", a.follow,
+                    "redraw as the run's logs grow, until its trainer ends (or Ctrl-C); takes "
+                    "no lock");
 
   CLI::App* report = app.add_subcommand("report", "write RUN/report.html");
   report->add_option("RUN", a.path, "run directory")->required();
@@ -358,6 +403,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (inspect->parsed()) {
+      if (a.follow) return follow_command(a.path);
       std::cout << inspect_text(read_run_logs(a.path));
       return 0;
     }

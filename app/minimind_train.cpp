@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
           std::make_unique<minimind::Distributed>(env, std::chrono::seconds(cfg.run.dist_timeout));
     }
     install_stop_handlers();
-    minimind::ReportWriter report;
+    minimind::ReportWriter report(cfg.log.report_interval);
     options.stop = &g_stop;
     options.dist = dist.get();
     options.observers.push_back(&report);

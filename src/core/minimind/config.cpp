@@ -127,6 +127,8 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(log, collapse_patience),
       MM_FIELD(log, uninformative_mi),
       MM_FIELD(log, console),
+      MM_FIELD(log, report_interval),
+      MM_FIELD(log, tensorboard),
   };
   return fields;
 }
@@ -363,6 +365,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
   c.positive("log.collapse_patience", cfg.log.collapse_patience);
   c.in_range("log.uninformative_mi", cfg.log.uninformative_mi, 0.0, 1.0, true);
   c.one_of("log.console", cfg.log.console, {"compact", "full"});
+  c.non_negative("log.report_interval", cfg.log.report_interval);
 
   std::vector<std::string> warnings;
   const ModelConfig& m = cfg.model;

@@ -121,6 +121,11 @@ struct LogConfig {
   // losses, the load histogram, max share, MaxVio, entropy, dead experts and MI per layer)
   // or "full" (every metric of expert_load.jsonl's row, as minimind-eval inspect shows).
   std::string console = "compact";
+  // Seconds between rewrites of RUN/report.html while the run trains (it is also rewritten
+  // after every evaluation and at the end); 0: only at the end.
+  int64_t report_interval = 300;
+  // TensorBoard event files in RUN/tensorboard/ (scalars and expert-load histograms).
+  bool tensorboard = false;
 };
 
 struct Config {

@@ -131,8 +131,9 @@ std::vector<double> axis_ticks(double lo, double hi) {
   return ticks;
 }
 
-std::string page_head(const std::string& title) {
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>" + esc(title) +
+std::string page_head(const std::string& title, const std::string& extra) {
+  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>" + extra + "<title>" +
+         esc(title) +
          "</title><style>"
          "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
          "h1{font-size:20px}h2{font-size:16px;margin:18px 0 6px}"
@@ -143,6 +144,7 @@ std::string page_head(const std::string& title) {
          ".frame{fill:none;stroke:#bbb}.gl{stroke:#eee}.event{stroke:#d00;stroke-width:1.2;stroke-"
          "dasharray:4,3}"
          "p.note{font-size:12px;color:#555;max-width:900px}"
+         "p.running{font-size:13px;background:#fff3cd;padding:4px 8px;display:inline-block}"
          "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px "
          "6px}"
          "</style></head><body>\n";

@@ -43,7 +43,8 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
                        const std::vector<int64_t>& events, const StepAxis& axis, bool legend = true,
                        const std::string& events_label = "collapse warning");
 
-// <!DOCTYPE ...><body>: the page head with the shared style sheet.
-std::string page_head(const std::string& title);
+// <!DOCTYPE ...><body>: the page head with the shared style sheet (and `extra`, e.g. a
+// refresh, in the head).
+std::string page_head(const std::string& title, const std::string& extra = "");
 
 }  // namespace minimind

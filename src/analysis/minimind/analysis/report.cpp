@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "minimind/analysis/charts.h"
 #include "minimind/analysis/routing_page.h"
+#include "minimind/error.h"
 #include "minimind/util/atomic_file.h"
 
 namespace minimind {
@@ -161,14 +163,23 @@ Series load_series(const std::vector<LoadRecord>& points, const LoadValue& value
   return out;
 }
 
-std::string render_report(const RunLogs& logs) {
+std::string render_report(const RunLogs& logs, const ReportStatus* running) {
   const StepAxis axis(static_cast<double>(logs.last_step()));
   std::vector<int64_t> all_events;
   for (const auto& c : logs.collapses) all_events.push_back(c.step);
 
-  std::string html = page_head("minimind-cpp report: " + logs.run_dir);
+  std::string html = page_head(
+      "minimind-cpp report: " + logs.run_dir,
+      running
+          ? fmt::format("<meta http-equiv=\"refresh\" content=\"{}\"/>", running->refresh_seconds)
+          : "");
   html += "<h1>minimind-cpp run " + esc(logs.run_dir) + " — step " +
           std::to_string(logs.last_step()) + "</h1>\n";
+  if (running)
+    html += fmt::format(
+        "<p class=\"running\">running: step {} of {}, written {}; this page reloads every {} "
+        "s</p>\n",
+        running->step, running->max_steps, esc(running->written_at), running->refresh_seconds);
 
   Series loss{"train loss", "#1f77b4", {}}, val{"val loss", "#d62728", {}}, lr{"lr", "#2ca02c", {}};
   for (const auto& p : logs.train)
@@ -246,10 +257,60 @@ std::string render_report(const RunLogs& logs) {
   return html + "\n</body></html>\n";
 }
 
-std::string write_report(const std::string& run_dir) {
+std::string write_report(const std::string& run_dir, const ReportStatus* running) {
   const std::string path = run_dir + "/report.html";
-  write_file_atomic(path, render_report(read_run_logs(run_dir)));
+  write_file_atomic(path, render_report(read_run_logs(run_dir), running));
   return path;
+}
+
+void ReportWriter::on_start(const RunStart& s) {
+  start_ = s;
+  started_ = true;
+  step_ = s.step, max_steps_ = s.max_steps;
+  since_last_.restart();
+}
+
+void ReportWriter::on_eval(const EvalInfo& e) {
+  if (interval_ <= 0) return;
+  step_ = e.record.step;
+  ReportStatus status{step_, max_steps_, "", 60};
+  write(&status);
+}
+
+void ReportWriter::on_step_end(const StepInfo& s, bool last) {
+  step_ = s.step, max_steps_ = s.max_steps;
+  if (interval_ <= 0 || last || since_last_.seconds() < static_cast<double>(interval_)) return;
+  ReportStatus status{step_, max_steps_, "", 60};
+  write(&status);
+}
+
+void ReportWriter::on_end(const TrainResult&) {
+  write(nullptr);
+  if (start_.main_rank && pages_ > 0)
+    start_.log->info("report rewritten {} times while training ({:.2f} s in all)", pages_,
+                     seconds_live_);
+}
+
+void ReportWriter::write(const ReportStatus* running) {
+  if (!started_ || !start_.main_rank) return;
+  const Stopwatch clock;
+  ReportStatus status = running ? *running : ReportStatus{};
+  if (running) {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char hhmm[8];
+    std::strftime(hhmm, sizeof(hhmm), "%H:%M", &local);
+    status.written_at = hhmm;
+  }
+  try {
+    const std::string path = write_report(start_.run_dir, running ? &status : nullptr);
+    if (!running) start_.log->info("report {}", path);
+  } catch (const Error& e) {
+    start_.log->warn("cannot write the report: {}; training goes on", e.what());
+  }
+  since_last_.restart();
+  if (running) seconds_live_ += clock.seconds(), ++pages_;
 }
 
 }  // namespace minimind

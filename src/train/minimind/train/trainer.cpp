@@ -12,6 +12,7 @@
 #include "minimind/train/lr_schedule.h"
 #include "minimind/train/run_log_observer.h"
 #include "minimind/train/session.h"
+#include "minimind/train/tensorboard_observer.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/stopwatch.h"
 
@@ -77,6 +78,7 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   std::optional<CollapseWatcher> watcher;
   std::optional<Checkpointer> checkpointer;
   std::optional<Evaluator> evaluator;
+  std::optional<TensorBoardObserver> tensorboard;
   bus.add(window);
   bus.add(console);
   if (main_rank) {
@@ -89,6 +91,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
                                 tc.warmup_steps + cfg.log.interval},
         bus));
     bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus));
+    // Before the evaluator: its file must exist for the evaluation before the first step.
+    if (cfg.log.tensorboard) bus.add(tensorboard.emplace());
   }
   if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
   // After the last checkpoint and evaluation, before the caller's observers (the report
