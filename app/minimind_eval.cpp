@@ -43,7 +43,6 @@ namespace {
 struct Args {
   std::string path;  // checkpoint or run directory (loss, generate, analyze) or run (inspect)
   std::string config, tokenizer, data, prompt, out;
-  bool prompt_given = false;
   std::vector<std::string> data_list;  // analyze: repeatable, NAME=FILE
   std::vector<std::string> runs;       // compare
   int64_t max_docs = -1, batch_size = 0, threads = 0;

@@ -2,8 +2,8 @@
 
 Walks README.md, CHANGELOG.md and docs/**/*.md (Markdown links and images, with their
 #anchors checked against the target's headings) and the comments of src/, app/ and tests/
-(paths of the form docs/....md, README.md, CHANGELOG.md). Fails on a missing file, a
-missing anchor, or a relative path that leaves the repository (../shared and the like).
+(a docs/ page, README.md or CHANGELOG.md). Fails on a missing file, a missing anchor, or
+a relative path that leaves the repository.
 Usage: check_links.py SOURCE_DIR
 """
 import os
@@ -94,8 +94,10 @@ for top in ("src", "app", "tests"):
                             continue
                         check_target(where, root, target)
                         checked += 1
-                    if "../shared" in c:
-                        errors.append(f"{os.path.relpath(path, root)}:{n}: cites ../shared")
+                    for rel in re.findall(r"\.\./[\w./-]+", c):
+                        if not inside(os.path.join(dirpath, rel)):
+                            errors.append(f"{os.path.relpath(path, root)}:{n}: {rel} leaves the "
+                                          "repository")
 
 for e in errors:
     print("FAIL: " + e)

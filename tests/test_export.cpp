@@ -28,12 +28,8 @@ namespace {
 
 using test::Command;
 
-Command shell(const std::string& cmd) {
-  return test::run_command(cmd);
-}
-
 Command export_cmd(const std::string& args) {
-  return shell(std::string(MINIMIND_EXPORT_BIN) + " " + args);
+  return test::run_command(std::string(MINIMIND_EXPORT_BIN) + " " + args);
 }
 
 // The npm packages the test command installs (scripts/test.sh).
@@ -111,7 +107,7 @@ nlohmann::json llama_cpp(const std::string& gguf, const Case& c, const std::stri
                           {"greedy", {{"prompt", c.prompt}, {"tokens", kGreedyTokens}}}};
   const std::string path = work + "/" + c.name + ".cases.json";
   test::write_text(path, cases.dump());
-  const Command r = shell(node_script("check_gguf.mjs") + " " + gguf + " " + path);
+  const Command r = test::run_command(node_script("check_gguf.mjs") + " " + gguf + " " + path);
   EXPECT_EQ(r.status, 0) << r.err;
   return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
 }
@@ -197,9 +193,10 @@ TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
   // The greedy text minimind-eval prints is llama.cpp's too.
   const Case& c = cases_->at("moe");
   const nlohmann::json ll = llama_cpp(*dir_ + "/moe.gguf", c, *dir_);
-  const Command ours = shell(std::string(MINIMIND_EVAL_BIN) + " generate " + c.run +
-                             " --prompt 'It is a truth universally acknowledged' --greedy "
-                             "--ignore-eos --max-new-tokens 40");
+  const Command ours =
+      test::run_command(std::string(MINIMIND_EVAL_BIN) + " generate " + c.run +
+                        " --prompt 'It is a truth universally acknowledged' --greedy "
+                        "--ignore-eos --max-new-tokens 40");
   ASSERT_EQ(ours.status, 0) << ours.err;
   EvalModel m = load_eval_model(c.run, "", "", true);
   const auto ids = ll["greedy"].get<std::vector<int32_t>>();
@@ -263,15 +260,15 @@ TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
     const std::vector<char> pickled =
         torch::pickle_save(c10::IValue(std::vector<torch::Tensor>{ids, logits}));
     test::write_text(out + "-ours.pt", std::string(pickled.begin(), pickled.end()));
-    const Command py = shell(std::string(MINIMIND_PYTHON) + " " +
-                             test::source_path("tests/reference/check_hf_export.py") + " " + out +
-                             " " + out + "-ours.pt");
+    const Command py = test::run_command(std::string(MINIMIND_PYTHON) + " " +
+                                         test::source_path("tests/reference/check_hf_export.py") +
+                                         " " + out + " " + out + "-ours.pt");
     EXPECT_EQ(py.status, 0) << py.out << py.err;
     std::printf("%s", py.out.c_str());
     // tokenizer.json under Hugging Face's tokenizers.
     test::write_text(out + "-texts.json", nlohmann::json(c.texts).dump());
-    const Command tk =
-        shell(node_script("check_hf_tokenizer.mjs") + " " + out + " " + out + "-texts.json");
+    const Command tk = test::run_command(node_script("check_hf_tokenizer.mjs") + " " + out + " " +
+                                         out + "-texts.json");
     ASSERT_EQ(tk.status, 0) << tk.err;
     const nlohmann::json hf = nlohmann::json::parse(tk.out);
     int64_t same = 0;

@@ -273,28 +273,26 @@ void ReportWriter::on_start(const RunStart& s) {
 void ReportWriter::on_eval(const EvalInfo& e) {
   if (interval_ <= 0) return;
   step_ = e.record.step;
-  ReportStatus status{step_, max_steps_, "", 60};
-  write(&status);
+  write(/*running=*/true);
 }
 
 void ReportWriter::on_step_end(const StepInfo& s, bool last) {
   step_ = s.step, max_steps_ = s.max_steps;
   if (interval_ <= 0 || last || since_last_.seconds() < static_cast<double>(interval_)) return;
-  ReportStatus status{step_, max_steps_, "", 60};
-  write(&status);
+  write(/*running=*/true);
 }
 
 void ReportWriter::on_end(const TrainResult&) {
-  write(nullptr);
+  write(/*running=*/false);
   if (start_.main_rank && pages_ > 0)
     start_.log->info("report rewritten {} times while training ({:.2f} s in all)", pages_,
                      seconds_live_);
 }
 
-void ReportWriter::write(const ReportStatus* running) {
+void ReportWriter::write(bool running) {
   if (!started_ || !start_.main_rank) return;
   const Stopwatch clock;
-  ReportStatus status = running ? *running : ReportStatus{};
+  ReportStatus status{step_, max_steps_, "", 60};
   if (running) {
     const std::time_t now = std::time(nullptr);
     std::tm local{};

@@ -50,7 +50,7 @@ class ReportWriter : public Observer {
   void on_end(const TrainResult& r) override;
 
  private:
-  void write(const ReportStatus* running);
+  void write(bool running);  // running: a page with the status line and a refresh
   RunStart start_;
   bool started_ = false;  // the evaluation before step 1 comes before this observer's start
   int64_t interval_;

@@ -210,6 +210,13 @@ PieceType Tokenizer::piece_type(int32_t id) const {
   return pieces().at(static_cast<size_t>(id)).type;
 }
 
+int32_t Tokenizer::unknown_id() const {
+  const std::vector<PieceInfo>& p = pieces();
+  for (size_t id = 0; id < p.size(); ++id)
+    if (p[id].type == PieceType::unknown) return static_cast<int32_t>(id);
+  return -1;
+}
+
 // The serialised model is a sentencepiece ModelProto; its pieces (field 1, repeated) each
 // hold piece (1, string), score (2, float) and type (3, enum). Read here because Debian's
 // sentencepiece installs no header for the proto and its processor API has no user-defined

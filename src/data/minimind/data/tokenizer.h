@@ -47,6 +47,7 @@ class Tokenizer {
   std::string piece(int32_t id) const;
   float score(int32_t id) const;  // BPE: pieces with higher scores merge first
   PieceType piece_type(int32_t id) const;
+  int32_t unknown_id() const;  // the unknown piece's id, -1 without one
   int32_t vocab_size() const;
   const std::string& model_bytes() const { return bytes_; }
   // Throws TokenizerError unless the tokenizer has exactly model.vocab_size pieces.

@@ -65,8 +65,8 @@ void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   w.add_u32("tokenizer.ggml.bos_token_id", kBosId);
   w.add_u32("tokenizer.ggml.eos_token_id", kEosId);
   w.add_u32("tokenizer.ggml.padding_token_id", kPadId);
-  for (int32_t id = 0; id < tok.vocab_size(); ++id)
-    if (tok.piece_type(id) == PieceType::unknown) w.add_u32("tokenizer.ggml.unknown_token_id", id);
+  if (const int32_t unk = tok.unknown_id(); unk >= 0)
+    w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(unk));
   w.add_bool("tokenizer.ggml.add_bos_token", true);  // the model was trained on [bos] text
   w.add_bool("tokenizer.ggml.add_eos_token", false);
   // Our sentencepiece model adds no dummy prefix; llama.cpp's default would add one and
@@ -233,17 +233,23 @@ void refuse_existing(const std::string& out, bool overwrite) {
     throw Error("'" + out + "' exists", "pass --overwrite to replace it, or choose another --out");
 }
 
+// What neither target computes: a router that is not learned, and capacity dropping.
+void refuse_unlearned_or_dropping(const ModelConfig& m, const std::string& target,
+                                  const std::string& runtime) {
+  if (!m.learned_router())
+    refuse("model.router = " + m.router, target,
+           "has no counterpart in " + runtime + ", whose MoE layers route by a learned gate");
+  if (m.capacity_factor > 0)
+    refuse("model.capacity_factor = " + fmt::format("{}", m.capacity_factor), target,
+           "drops tokens that overflow an expert; " + runtime +
+               " never drops one, so its outputs would differ");
+}
+
 }  // namespace
 
 std::string gguf_architecture(const ModelConfig& m) {
   if (!m.use_moe) return "qwen3";
-  if (!m.learned_router())
-    refuse("model.router = " + m.router, "GGUF",
-           "has no counterpart in llama.cpp, whose MoE layers route by a learned gate");
-  if (m.capacity_factor > 0)
-    refuse("model.capacity_factor = " + fmt::format("{}", m.capacity_factor), "GGUF",
-           "drops tokens that overflow an expert; llama.cpp never drops one, so its outputs "
-           "would differ");
+  refuse_unlearned_or_dropping(m, "GGUF", "llama.cpp");
   const bool plain =
       m.scoring_func == "softmax" && m.router_bias_update_rate == 0 && m.n_shared_experts == 0;
   // qwen3moe always renormalises the chosen weights; hy_v3 reads whether to.
@@ -252,12 +258,7 @@ std::string gguf_architecture(const ModelConfig& m) {
 
 std::string hf_architecture(const ModelConfig& m) {
   if (!m.use_moe) return "Qwen3ForCausalLM";
-  if (!m.learned_router())
-    refuse("model.router = " + m.router, "a Hugging Face Qwen3-MoE",
-           "has no counterpart: Qwen3-MoE routes by a learned gate");
-  if (m.capacity_factor > 0)
-    refuse("model.capacity_factor", "a Hugging Face Qwen3-MoE",
-           "has no counterpart: Qwen3-MoE never drops tokens");
+  refuse_unlearned_or_dropping(m, "a Hugging Face Qwen3-MoE", "Qwen3-MoE");
   if (m.scoring_func != "softmax")
     refuse("model.scoring_func = " + m.scoring_func, "a Hugging Face Qwen3-MoE",
            "has no counterpart: Qwen3-MoE scores experts with a softmax");

@@ -95,9 +95,7 @@ std::string hf_tokenizer_json(const Tokenizer& tok) {
            {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
             {{"type", "ByteFallback"}},
             {{"type", "Fuse"}}})}};
-  std::string unk = "<unk>";
-  for (int32_t id = 0; id < V; ++id)
-    if (tok.piece_type(id) == PieceType::unknown) unk = tok.piece(id);
+  const std::string unk = tok.unknown_id() >= 0 ? tok.piece(tok.unknown_id()) : "<unk>";
   j["model"] = {{"type", "BPE"},
                 {"dropout", nullptr},
                 {"unk_token", unk},
@@ -117,8 +115,7 @@ std::string hf_tokenizer_config(const Tokenizer& tok, int64_t model_max_length) 
   c["bos_token"] = tok.piece(kBosId);
   c["eos_token"] = tok.piece(kEosId);
   c["pad_token"] = tok.piece(kPadId);
-  for (int32_t id = 0; id < tok.vocab_size(); ++id)
-    if (tok.piece_type(id) == PieceType::unknown) c["unk_token"] = tok.piece(id);
+  if (tok.unknown_id() >= 0) c["unk_token"] = tok.piece(tok.unknown_id());
   c["add_bos_token"] = true;
   c["add_eos_token"] = false;
   c["clean_up_tokenization_spaces"] = false;
