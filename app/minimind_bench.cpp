@@ -14,7 +14,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "command_line.h"
@@ -23,6 +22,7 @@
 #include "minimind/eval/generate.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/expert_counts.h"
+#include "minimind/train/bench.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/blas_check.h"
@@ -31,99 +31,21 @@
 
 namespace {
 
-// The step's expert counts per MoE layer, as the trainer hands them to the bias update.
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Model FLOPs per trained token: 6 x the matmul weights a token passes through (attention
-// projections, the active experts or the dense FFN, routers, lm_head), plus attention
-// scores and weighted sums, 12 x layers x seq x heads*head_dim (forward + backward, the
-// full T x T matrix as computed).
-double flops_per_token(const minimind::ModelConfig& m, int64_t seq) {
-  const double H = m.hidden_size, d = m.head_dim();
-  const double attn = H * m.num_attention_heads * d * 2 + H * m.num_key_value_heads * d * 2;
-  // MoE: k routed experts, the shared experts, the router (learned routers only). With a
-  // capacity this is the nominal count: dropped assignments are work the model skips.
-  const double ffn = m.use_moe ? m.num_experts_per_tok * 3 * H * m.expert_ffn_size() +
-                                     m.n_shared_experts * 3 * H * m.shared_ffn_size() +
-                                     (m.learned_router() ? H * m.num_experts : 0)
-                               : 3 * H * m.ffn_size();
-  const double matmul_params = m.num_hidden_layers * (attn + ffn) + H * m.vocab_size;
-  return 6 * matmul_params + 12.0 * m.num_hidden_layers * seq * m.num_attention_heads * d;
-}
-
-// --variant: several configs trained in one process, one step of each in turn, so that the
-// machine's speed drifting (a shared VM moves by tens of percent over seconds) hits every
-// variant alike. Prints per variant the median step, tok/s and model GFLOP/s relative to
-// the first (the bench config as given).
-struct Variant {
-  std::string name;
-  minimind::Config cfg;
-  minimind::MiniMindForCausalLM model{nullptr};
-  std::unique_ptr<torch::optim::AdamW> opt;
-  std::vector<double> seconds;
-};
-
-double timed_step(Variant& v, const torch::Tensor& ids, int threads) {
+// The --variant table: per variant the median step, tok/s and model GFLOP/s relative to the
+// first (the bench config as given).
+int print_variants(const minimind::Config& base, const std::vector<std::string>& specs, int steps,
+                   int warmup, int threads) {
   using namespace minimind;
-  const Stopwatch clock;
-  optimizer_step(
-      v.model, *v.opt,
-      [&] {
-        return Batch{ids, ids};
-      },
-      1, v.cfg.train.grad_clip, v.cfg.train.learning_rate, nullptr, false,
-      batch_shards(v.cfg.model, ids.size(0), threads));
-  return clock.seconds();
-}
-
-int compare_variants(const minimind::Config& base, const std::vector<std::string>& specs, int steps,
-                     int warmup, int threads) {
-  using namespace minimind;
-  std::vector<Variant> variants;
-  std::vector<std::string> all{"default:"};
-  all.insert(all.end(), specs.begin(), specs.end());
-  for (const auto& spec : all) {
-    const size_t colon = spec.find(':');
-    if (colon == std::string::npos || colon == 0)
-      throw ConfigError("--variant '" + spec + "': expected NAME:section.key=value,...");
-    Variant v;
-    v.name = spec.substr(0, colon);
-    v.cfg = base;
-    std::stringstream sets(spec.substr(colon + 1));
-    for (std::string set; std::getline(sets, set, ',');)
-      if (!set.empty()) apply_override(v.cfg, set);
-    for (const auto& w : validate_and_resolve(v.cfg)) spdlog::warn("{}: {}", v.name, w);
-    torch::manual_seed(0);
-    v.model = MiniMindForCausalLM(v.cfg.model);
-    init_weights(v.model);
-    v.model->train();
-    v.opt = make_optimizer(v.model->parameters(), v.cfg.train);
-    variants.push_back(std::move(v));
-  }
-  const int64_t B = 8, T = 256;
-  torch::Tensor ids = torch::randint(3, base.model.vocab_size, {B, T}, torch::kLong);
-  for (int s = 0; s < warmup + steps; ++s)
-    for (auto& v : variants) {
-      const double t = timed_step(v, ids, threads);
-      if (s >= warmup) v.seconds.push_back(t);
-    }
-  const double base_gflops =
-      B * T / median(variants[0].seconds) * flops_per_token(variants[0].cfg.model, T) / 1e9;
+  const std::vector<VariantSpeed> rows = compare_variants(base, specs, steps, warmup, threads);
   std::cout << fmt::format(
       "{} variants, {} threads, {} measured steps each, interleaved\n"
       "| variant | step ms | tok/s | model GFLOP/s | per-FLOP speed (MFU) vs {} |\n"
       "|---|---:|---:|---:|---:|\n",
-      variants.size(), threads, steps, variants[0].name);
-  for (const auto& v : variants) {
-    const double step = median(v.seconds);
-    const double gflops = B * T / step * flops_per_token(v.cfg.model, T) / 1e9;
-    std::cout << fmt::format("| {} | {:.0f} | {:.0f} | {:.1f} | {:+.1f} % |\n", v.name, 1e3 * step,
-                             B * T / step, gflops, 100 * (gflops / base_gflops - 1));
-  }
+      rows.size(), threads, steps, rows[0].name);
+  for (const auto& r : rows)
+    std::cout << fmt::format("| {} | {:.0f} | {:.0f} | {:.1f} | {:+.1f} % |\n", r.name,
+                             1e3 * r.step_seconds, r.tok_s, r.gflops,
+                             100 * (r.gflops / rows[0].gflops - 1));
   return 0;
 }
 
@@ -183,22 +105,7 @@ int main(int argc, char** argv) {
 
   return minimind::run_main([&] {
     using namespace minimind;
-    Config cfg = load_config_string(
-        "model: {hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 8, "
-        "num_key_value_heads: 2,\n"
-        "        vocab_size: 6400, num_experts: 4, norm_topk_prob: false}\n"
-        "data: {max_seq_len: 256}\ntrain: {batch_size: 8}\n",
-        "bench");
-    cfg.model.use_moe = preset != "dense";
-    cfg.model.num_experts_per_tok = preset == "moe-top2" ? 2 : 1;
-    if (preset == "moe-e16k4" || preset == "moe-e64k16") {  // DeepSeekMoE-style fine grain
-      const int64_t E = preset == "moe-e16k4" ? 16 : 64;
-      cfg.model.num_experts = E;
-      cfg.model.num_experts_per_tok = E / 4;
-      cfg.model.moe_intermediate_size = cfg.model.ffn_size() * 4 / E;  // 832 -> 208, 52
-    }
-    for (const auto& assignment : sets) apply_override(cfg, assignment);
-    for (const auto& w : validate_and_resolve(cfg)) spdlog::warn("{}", w);
+    const Config cfg = bench_config(preset, sets);
     // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
     // same cores and as large a GEMM as it likes; then --blas-threads, if given.
     const int n_threads = use_threads(threads);
@@ -206,14 +113,14 @@ int main(int argc, char** argv) {
     const double peak = check_blas(1536).gflops;
     if (blas_threads > 0) set_blas_threads(blas_threads);
     if (torch_threads > 0) torch::set_num_threads(torch_threads);
-    if (!variants.empty()) return compare_variants(cfg, variants, steps, warmup, n_threads);
+    if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, n_threads);
 
     torch::manual_seed(0);
     MiniMindForCausalLM model(cfg.model);
     init_weights(model);
     model->train();
     auto opt = make_optimizer(model->parameters(), cfg.train);
-    const int64_t B = 8, T = 256;
+    const int64_t B = kBenchBatch, T = kBenchSeq;
     torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
 
     if (shards > 1 && batch_shards(cfg.model, B, shards) == 1)
@@ -230,12 +137,14 @@ int main(int argc, char** argv) {
       // The trainer's optimizer step: its forward, backward (in shards when it would be),
       // clipping, AdamW and the router bias update.
       const Stopwatch clock;
+      StepOptions so;
+      so.grad_clip = cfg.train.grad_clip, so.lr = cfg.train.learning_rate, so.shards = n_shards;
       const StepStats st = optimizer_step(
           model, *opt,
           [&] {
             return Batch{ids, ids};
           },
-          1, cfg.train.grad_clip, cfg.train.learning_rate, nullptr, false, n_shards);
+          so);
       const double t = clock.seconds();
       if (s >= warmup) {
         fwd.push_back(st.forward_seconds), bwd.push_back(st.micro_seconds - st.forward_seconds);
@@ -270,18 +179,24 @@ int main(int argc, char** argv) {
     getrusage(RUSAGE_SELF, &ru);
     const double rss_mb = ru.ru_maxrss / 1024.0;
     if (json) {
-      std::cout << fmt::format(
-          "{{\"impl\": \"cpp\", \"preset\": \"{}\", \"set\": {}, \"threads\": {}, \"shards\": {}, "
-          "\"tok_s\": "
-          "{:.1f}, "
-          "\"tok_s_min\": {:.1f}, "
-          "\"tok_s_max\": {:.1f}, \"step_ms\": {:.1f}, \"fwd_ms\": {:.1f}, \"bwd_ms\": {:.1f}, "
-          "\"opt_ms\": {:.1f}, "
-          "\"peak_rss_mb\": {:.0f}, \"mfu\": {:.4f}, \"peak_gflops\": {:.1f}, \"gen_tok_s\": "
-          "{:.1f}, \"blas_core\": \"{}\"}}\n",
-          preset, nlohmann::json(sets).dump(), n_threads, n_shards, tok_s, *lo, *hi, 1e3 * step,
-          1e3 * median(fwd), 1e3 * median(bwd), 1e3 * median(optim), rss_mb, mfu, peak, gen_s,
-          blas_core_name());
+      const nlohmann::json j = {{"impl", "cpp"},
+                                {"preset", preset},
+                                {"set", sets},
+                                {"threads", n_threads},
+                                {"shards", n_shards},
+                                {"tok_s", tok_s},
+                                {"tok_s_min", *lo},
+                                {"tok_s_max", *hi},
+                                {"step_ms", 1e3 * step},
+                                {"fwd_ms", 1e3 * median(fwd)},
+                                {"bwd_ms", 1e3 * median(bwd)},
+                                {"opt_ms", 1e3 * median(optim)},
+                                {"peak_rss_mb", rss_mb},
+                                {"mfu", mfu},
+                                {"peak_gflops", peak},
+                                {"gen_tok_s", gen_s},
+                                {"blas_core", blas_core_name()}};
+      std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(
           "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "

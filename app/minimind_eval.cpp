@@ -29,6 +29,7 @@
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
+#include "minimind/eval/text_stream.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/run/routing_metrics.h"
 #include "minimind/run/run_log.h"
@@ -184,31 +185,13 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   std::vector<int64_t> prompt{kBosId};
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
   std::cout << a.prompt << std::flush;
-  std::vector<int32_t> generated;
-  // Stream the text as it comes, decoding only a window of recent tokens (decoding all of
-  // them per token was quadratic): the window starts where the text printed before last
-  // ended; what the window decodes to beyond its own start's text is new. Both decodes
-  // start at the same token, so SentencePiece's dropped leading space cancels; an
-  // unfinished UTF-8 character (decoded as U+FFFD until its last byte) waits.
-  size_t window = 0, printed_upto = 0, printed = 0;  // tokens; bytes printed in all
+  TextStream stream(tok);
   const Stopwatch clock;
-  auto on_token = [&](int64_t id) {
-    generated.push_back(static_cast<int32_t>(id));
-    const std::vector<int32_t> head(generated.begin() + window, generated.begin() + printed_upto),
-        all(generated.begin() + window, generated.end());
-    const std::string before = tok.decode(head), text = tok.decode(all);
-    if (text.size() <= before.size()) return;
-    if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
-    std::cout << text.substr(before.size()) << std::flush;
-    printed += text.size() - before.size();
-    window = printed_upto;
-    printed_upto = generated.size();
-  };
-  std::vector<int64_t> out = generate(m.model, prompt, a.gen, on_token);
+  std::vector<int64_t> out = generate(m.model, prompt, a.gen, [&](int64_t id) {
+    std::cout << stream.add(static_cast<int32_t>(id)) << std::flush;
+  });
   const double secs = clock.seconds();
-  const std::string text = tok.decode(generated);
-  if (text.size() > printed) std::cout << text.substr(printed);
-  std::cout << std::endl;
+  std::cout << stream.finish() << std::endl;
   spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s, KV cache {})", out.size(), secs,
                out.size() / std::max(secs, 1e-9), a.gen.use_cache ? "on" : "off");
   const int64_t max_positions = m.config.model.max_position_embeddings;

@@ -13,11 +13,11 @@
 #include <limits>
 
 #include "command_line.h"
-#include "minimind/analysis/report.h"
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/error.h"
+#include "minimind/train/report_writer.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"

@@ -7,7 +7,8 @@
 #
 # Usage: scripts/balance-study.sh [OUT_DIR]        (default runs/study)
 #   STUDY_STEPS=N   optimizer steps per run (default 80: see docs/balancing.md, "The study")
-#   STUDY_ONLY="a b"  run only these methods (names below); the others are skipped
+#   STUDY_ONLY="a b"  run only these methods (names in configs/balancing-methods.txt, and
+#                   minimind-aux-seed2); the others are skipped
 #   STUDY_JOBS=N    runs trained at once (default 1, all cores each; N > 1: one thread each.
 #                   On a 2-core machine two one-thread runs took as long as
 #                   one two-thread run after the other, and share the cores' tokens/s)
@@ -22,21 +23,14 @@ TRAIN=./build/app/minimind-train
 EVAL=./build/app/minimind-eval
 [ -x "$TRAIN" ] || { echo "balance-study: build first (scripts/build.sh)" >&2; exit 1; }
 
-# name | --set overrides on top of configs/moe.yaml (aux coefficient 5e-4, top-1, no renorm)
-METHODS=(
-  "none|model.router_aux_loss_coef=0"
-  "minimind-aux|"
-  "minimind-aux-seed2|run.seed=1338"
-  "sequence-aux|model.aux_loss_scope=sequence"
-  "global-aux|model.aux_loss_scope=global"
-  "z-loss|model.router_z_loss_coef=1e-3"
-  "aux-free-bias|model.router_aux_loss_coef=0 model.scoring_func=sigmoid model.router_bias_update_rate=1e-3"
-  "capacity-1.0|model.capacity_factor=1.0"
-  "capacity-1.25|model.capacity_factor=1.25"
-  "shared-expert|model.n_shared_experts=1"
-  "random-router|model.router_aux_loss_coef=0 model.router=random"
-  "hash-router|model.router_aux_loss_coef=0 model.router=hash"
-)
+# name | --set overrides on top of configs/moe.yaml: every method of
+# configs/balancing-methods.txt, and the baseline again with a second seed.
+METHODS=()
+while read -r name sets; do
+  case "$name" in ''|'#'*) continue ;; esac
+  METHODS+=("$name|$sets")
+  [ "$name" = minimind-aux ] && METHODS+=("minimind-aux-seed2|run.seed=1338")
+done < configs/balancing-methods.txt
 
 mkdir -p "$OUT"
 dirs=()

@@ -12,16 +12,12 @@ STEPS=${1:-16}
 WARMUP=${2:-3}
 BENCH=./build/app/minimind-bench
 [ -x "$BENCH" ] || { echo "bench-balancing: build first (scripts/build.sh)" >&2; exit 1; }
-exec "$BENCH" --preset moe-top1 --steps "$STEPS" --warmup "$WARMUP" \
-  --variant "none:model.router_aux_loss_coef=0" \
-  --variant "sequence-aux:model.aux_loss_scope=sequence" \
-  --variant "global-aux:model.aux_loss_scope=global" \
-  --variant "z-loss:model.router_z_loss_coef=1e-3" \
-  --variant "sigmoid:model.scoring_func=sigmoid" \
-  --variant "aux-free-bias:model.router_aux_loss_coef=0,model.scoring_func=sigmoid,model.router_bias_update_rate=1e-3" \
-  --variant "capacity-1.0:model.capacity_factor=1.0" \
-  --variant "capacity-1.25:model.capacity_factor=1.25" \
-  --variant "shared-expert:model.n_shared_experts=1" \
-  --variant "random-router:model.router_aux_loss_coef=0,model.router=random" \
-  --variant "hash-router:model.router_aux_loss_coef=0,model.router=hash" \
+# One variant per method of configs/balancing-methods.txt (but the baseline, which is the
+# bench config itself), and DeepSeek's fine-grained experts at the bench size.
+variants=()
+while read -r name sets; do
+  case "$name" in ''|'#'*) continue ;; esac
+  [ -n "$sets" ] && variants+=(--variant "$name:${sets// /,}")
+done < configs/balancing-methods.txt
+exec "$BENCH" --preset moe-top1 --steps "$STEPS" --warmup "$WARMUP" "${variants[@]}" \
   --variant "deepseek-fine-grained:model.num_experts=16,model.num_experts_per_tok=4,model.moe_intermediate_size=224,model.n_shared_experts=1,model.scoring_func=sigmoid,model.router_bias_update_rate=1e-3,model.aux_loss_scope=sequence,model.router_aux_loss_coef=1e-4,model.norm_topk_prob=true"

@@ -195,15 +195,15 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
 TEST(ConfigBalancing, DefaultsAreMiniMind3) {
   Config cfg = load_config_string("", "empty.yaml");
   const ModelConfig& m = cfg.model;
-  EXPECT_EQ(m.aux_loss_scope, "batch");
+  EXPECT_EQ(m.aux_loss_scope, AuxScope::batch);
   EXPECT_EQ(m.router_z_loss_coef, 0.0);
-  EXPECT_EQ(m.scoring_func, "softmax");
+  EXPECT_EQ(m.scoring_func, ScoringFunc::softmax);
   EXPECT_EQ(m.router_bias_update_rate, 0.0);
   EXPECT_EQ(m.capacity_factor, 0.0);
-  EXPECT_EQ(m.capacity_drop_policy, "probs");
+  EXPECT_EQ(m.capacity_drop_policy, DropPolicy::probs);
   EXPECT_EQ(m.n_shared_experts, 0);
   EXPECT_FALSE(m.shared_expert_intermediate_size.has_value());
-  EXPECT_EQ(m.router, "learned");
+  EXPECT_EQ(m.router, RouterKind::learned);
   // A shared expert's width defaults to the routed experts'.
   LoadedConfig shared = load_config(shipped("moe-deepseek.yaml"), {});
   EXPECT_EQ(*shared.config.model.shared_expert_intermediate_size, 112);
@@ -394,4 +394,73 @@ TEST(ConfigErrors, KeysThatAreNotWordsAreConfigErrors) {
   EXPECT_NE(msg.find("a key of section 'model' must be a plain word"), std::string::npos) << msg;
   msg = test::error_of<ConfigError>([] { load_config_string("[run, model]: 1\n", "k.yaml"); });
   EXPECT_NE(msg.find("a section name must be a plain word"), std::string::npos) << msg;
+}
+
+// base: a file states only how it differs from another; the resolved whole is the base's
+// values with the file's on top, origins naming the file each value came from.
+TEST(ConfigBase, AFileStartsFromItsBase) {
+  const std::string dir = test::temp_dir("base");
+  std::filesystem::create_directories(dir + "/sub");
+  test::write_text(dir + "/a.yaml",
+                   "run: {name: a}\nmodel: {hidden_size: 64, use_moe: true, num_experts: 8}\n"
+                   "data: {train: corpus.jsonl}\n");
+  test::write_text(dir + "/sub/b.yaml", "base: ../a.yaml\nmodel:\n  num_experts: 16\n");
+  const Config b = load_config_file(dir + "/sub/b.yaml");
+  EXPECT_EQ(b.model.hidden_size, 64);
+  EXPECT_EQ(b.model.num_experts, 16);
+  EXPECT_EQ(b.data.train, dir + "/corpus.jsonl");  // relative to the base's directory
+  EXPECT_EQ(b.run.name, "b");                      // not its base's run directory
+  EXPECT_NE(b.origin.at("model.num_experts").find("b.yaml line 3"), std::string::npos);
+  EXPECT_NE(b.origin.at("model.hidden_size").find("a.yaml line 2"), std::string::npos);
+  // A base of a base; the shipped variants resolve to their base plus their own keys.
+  test::write_text(dir + "/c.yaml", "base: sub/b.yaml\nrun: {name: c}\n");
+  EXPECT_EQ(load_config_file(dir + "/c.yaml").model.num_experts, 16);
+  for (const char* variant : {"moe-switch.yaml", "moe-deepseek.yaml", "minimind2-moe.yaml"}) {
+    SCOPED_TRACE(variant);
+    Config v = load_config_file(shipped(variant)), m = load_config_file(shipped("moe.yaml"));
+    validate_and_resolve(v), validate_and_resolve(m);
+    EXPECT_EQ(config_differences(m, v, "data"), std::vector<std::string>{});
+    EXPECT_EQ(config_differences(m, v, "train"), std::vector<std::string>{});
+    EXPECT_FALSE(config_differences(m, v, "model").empty());
+  }
+}
+
+TEST(ConfigBase, MissingBaseCycleAndBadValueAreErrors) {
+  const std::string dir = test::temp_dir("base_errors");
+  auto error = [](const std::string& path) {
+    return test::error_of<ConfigError>([&] { load_config_file(path); });
+  };
+  test::write_text(dir + "/missing.yaml", "run: {name: x}\nbase: nowhere.yaml\n");
+  EXPECT_NE(error(dir + "/missing.yaml").find("base (" + dir + "/missing.yaml line 2)"),
+            std::string::npos)
+      << error(dir + "/missing.yaml");
+  EXPECT_NE(error(dir + "/missing.yaml").find("nowhere.yaml"), std::string::npos);
+  test::write_text(dir + "/x.yaml", "base: y.yaml\n");
+  test::write_text(dir + "/y.yaml", "base: x.yaml\n");
+  const std::string cycle = error(dir + "/x.yaml");
+  EXPECT_NE(cycle.find("cycle"), std::string::npos) << cycle;
+  EXPECT_NE(cycle.find("y.yaml"), std::string::npos) << cycle;
+  test::write_text(dir + "/self.yaml", "base: self.yaml\n");
+  EXPECT_NE(error(dir + "/self.yaml").find("cycle"), std::string::npos);
+  test::write_text(dir + "/list.yaml", "base: [a.yaml]\n");
+  EXPECT_NE(error(dir + "/list.yaml").find("expected the file name"), std::string::npos);
+  // A config that is not a file (a checkpoint's stored config) has nothing to start from.
+  EXPECT_NE(error_of("base: moe.yaml\n").find("only a config file"), std::string::npos);
+}
+
+// A choice is parsed once, by name: a misspelt value never reaches the model's code.
+TEST(ConfigBalancing, ChoicesRoundTripByName) {
+  Config cfg = load_config_string(
+      "model: {use_moe: true, aux_loss_scope: global, scoring_func: sigmoid, router: hash,\n"
+      "        capacity_drop_policy: position, router_aux_loss_coef: 0, num_experts_per_tok: 1}\n",
+      "choices.yaml");
+  EXPECT_EQ(cfg.model.aux_loss_scope, AuxScope::global);
+  EXPECT_EQ(cfg.model.scoring_func, ScoringFunc::sigmoid);
+  EXPECT_EQ(cfg.model.router, RouterKind::hash);
+  EXPECT_EQ(cfg.model.capacity_drop_policy, DropPolicy::position);
+  const Config again = load_config_string(config_to_yaml(cfg), "again.yaml");
+  EXPECT_EQ(config_differences(cfg, again), std::vector<std::string>{});
+  expect_error("model:\n  router: Learned\n", {"model.router", "line 2", "\"learned\""});
+  expect_error("", {"model.scoring_func", "--set", "\"softmax\", \"sigmoid\""},
+               {"model.scoring_func=relu"});
 }

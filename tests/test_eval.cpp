@@ -23,6 +23,7 @@
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
 #include "minimind/model/weights_io.h"
+#include "minimind/train/report_writer.h"
 #include "minimind/train/trainer.h"
 #include "support/test_support.h"
 

@@ -295,7 +295,7 @@ TEST_F(ExportTest, RefusesWhatTheTargetCannotCompute) {
             }).find("model.capacity_factor"),
             std::string::npos);
   ModelConfig hash;
-  hash.use_moe = true, hash.router = "hash";
+  hash.use_moe = true, hash.router = RouterKind::hash;
   EXPECT_NE(
       test::error_of<ConfigError>([&] { gguf_architecture(hash); }).find("model.router = hash"),
       std::string::npos);

@@ -86,7 +86,7 @@ TEST(ParamCount, MemoryEstimateCountsTheBuiltModel) {
     ModelConfig c = small(variant == 1 || variant >= 3);
     c.tie_word_embeddings = variant != 2;
     if (variant == 3) c.n_shared_experts = 2, c.shared_expert_intermediate_size = 48;
-    if (variant == 4) c.router = "hash", c.router_aux_loss_coef = 0;
+    if (variant == 4) c.router = RouterKind::hash, c.router_aux_loss_coef = 0;
     MiniMindForCausalLM m(c);
     const double rope_bytes = 2.0 * 4 * c.max_position_embeddings * c.head_dim();
     const double params = static_cast<double>(count_parameters(m).total);
@@ -143,8 +143,8 @@ TEST(Forward, ShapesAuxAndCounts) {
   m->train();
   ForwardOutput out = m(ids, ids);
   EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{2, 9, cfg.vocab_size}));
-  ASSERT_EQ(out.expert_counts.size(), 2u);
-  for (const auto& c : out.expert_counts) EXPECT_EQ(c.sum().item<int64_t>(), 2 * 9 * 2);
+  ASSERT_EQ(out.moe.size(), 2u);
+  for (const auto& m : out.moe) EXPECT_EQ(m.counts.sum().item<int64_t>(), 2 * 9 * 2);
   // Near-uniform routing at init: aux ~ k * coef per layer, summed over 2 layers.
   EXPECT_NEAR(out.aux_loss.item<double>(), 2 * 2 * cfg.router_aux_loss_coef,
               0.3 * 2 * 2 * cfg.router_aux_loss_coef);

@@ -208,7 +208,7 @@ MOEFeedForward fixed_router_moe(bool norm_topk_prob, double aux_coef) {
   cfg.hidden_size = 4, cfg.use_moe = true, cfg.num_experts = 4, cfg.num_experts_per_tok = 2;
   cfg.moe_intermediate_size = 1, cfg.norm_topk_prob = norm_topk_prob;
   cfg.router_aux_loss_coef = aux_coef;
-  MOEFeedForward moe(cfg);
+  MOEFeedForward moe(MoEOptions::from(cfg));
   const double l2 = std::log(2.0), l4 = std::log(4.0);
   // Router probabilities (softmax of the logits): token 0 and 1 [.5 .25 .125 .125],
   // token 2 [.125 .125 .5 .25], token 3 [.25 .125 .125 .5].
@@ -248,7 +248,7 @@ TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
       }
     }
     // Experts 0..3 are picked by 3, 2, 1 and 2 (token, slot) pairs.
-    EXPECT_TRUE(torch::equal(out.counts, torch::tensor({3, 2, 1, 2}, torch::kLong)));
+    EXPECT_TRUE(torch::equal(out.stats.counts, torch::tensor({3, 2, 1, 2}, torch::kLong)));
     // MiniMind's aux: E * coef * sum_e (c_e / N) * mean_n p_ne
     //   = 4 * 0.01 * (3 * 11/32 + 2 * 6/32 + 1 * 7/32 + 2 * 8/32) / 4 = 0.01 * 2.125.
     EXPECT_NEAR(out.aux_loss.item<double>(), 0.02125, 1e-8);
@@ -260,7 +260,7 @@ TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
   const MoEOutput no_coef = fixed_router_moe(false, 0.0)(x);
   EXPECT_EQ(no_coef.aux_loss.item<double>(), 0.0);
   const torch::Tensor real = torch::tensor({true, true, true, false});  // token 3 is padding
-  EXPECT_TRUE(torch::equal(moe(x, real).counts, torch::tensor({2, 2, 1, 1}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(moe(x, real).stats.counts, torch::tensor({2, 2, 1, 1}, torch::kLong)));
 }
 
 // A generated token (one row, eval) takes the direct path: its k experts in ascending order,
@@ -270,7 +270,7 @@ TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
   ModelConfig cfg;
   cfg.hidden_size = 16, cfg.use_moe = true, cfg.num_experts = 8, cfg.num_experts_per_tok = 3;
   cfg.moe_intermediate_size = 12;
-  MOEFeedForward moe(cfg);
+  MOEFeedForward moe(MoEOptions::from(cfg));
   for (auto& p : moe->parameters()) p.data().normal_(0.0, 0.5);
   moe->eval();
   torch::NoGradGuard no_grad;
@@ -279,9 +279,10 @@ TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
   for (int64_t t = 0; t < 6; ++t) {
     const MoEOutput one = moe->forward(x.narrow(1, t, 1), {}, {}, /*stats=*/false);
     EXPECT_TRUE(torch::allclose(one.y[0][0], batched.y[0][t], 1e-6, 1e-6)) << "token " << t;
-    EXPECT_TRUE(torch::equal(one.index, batched.index.narrow(0, t, 1)));
-    EXPECT_TRUE(torch::equal(one.counts, torch::bincount(one.index.reshape({-1}), {}, 8)));
-    EXPECT_FALSE(one.router_sums.defined());  // stats off: nothing computed for the logs
+    EXPECT_TRUE(torch::equal(one.stats.index, batched.stats.index.narrow(0, t, 1)));
+    EXPECT_TRUE(
+        torch::equal(one.stats.counts, torch::bincount(one.stats.index.reshape({-1}), {}, 8)));
+    EXPECT_FALSE(one.stats.router_sums.defined());  // stats off: nothing computed for the logs
   }
 }
 

@@ -13,13 +13,16 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "minimind/config.h"
 #include "minimind/data/token_file.h"
 #include "minimind/eval/evaluate.h"
+#include "minimind/model/balancing/global_aux_scope.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/run/routing_analysis.h"
@@ -34,18 +37,38 @@ namespace {
 constexpr double kTol = 1e-5;
 constexpr double kShardWeightTol = 1e-4;  // weights after 5 steps in shards (see there)
 
-const std::vector<std::string> kCases = {
-    "dense_train", "dense_eval", "dense_untied_train", "moe_top1_norm_train", "moe_top1_norm_eval",
-    "moe_top1_nonorm_train", "moe_top1_nonorm_eval", "moe_top2_norm_train", "moe_top2_norm_eval",
-    "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train",
-    // The balancing lab (docs/moe-routing.md): each method at k = 1 and 2, two micro-batches
-    // per step, then the presets' combinations.
-    "lab_seq_aux_top1", "lab_seq_aux_top2", "lab_global_aux_top1", "lab_global_aux_top2",
-    "lab_zloss_top1", "lab_zloss_top2", "lab_sigmoid_top1", "lab_sigmoid_top2",
-    "lab_bias_sigmoid_top1", "lab_bias_softmax_top2", "lab_capacity_probs_top1",
-    "lab_capacity_position_top1", "lab_capacity_probs_top2", "lab_capacity_position_top2",
-    "lab_shared_top1", "lab_shared_top2", "lab_random_top1", "lab_random_top2", "lab_hash_top1",
-    "lab_switch", "lab_deepseek", "lab_minimind2"};
+// The cases tests/reference/make_fixtures.py writes, named as it names them: the model's
+// own, then the balancing lab's (docs/moe-routing.md; two micro-batches per step): each
+// method of configs/balancing-methods.txt at k = 1 and 2 (one case when the method sets
+// num_experts_per_tok; none for the baseline), then what that list cannot say.
+std::vector<std::string> parity_cases() {
+  std::vector<std::string> cases = {
+      "dense_train",           "dense_eval",           "dense_untied_train",
+      "moe_top1_norm_train",   "moe_top1_norm_eval",   "moe_top1_nonorm_train",
+      "moe_top1_nonorm_eval",  "moe_top2_norm_train",  "moe_top2_norm_eval",
+      "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train"};
+  std::ifstream in(test::source_path("configs/balancing-methods.txt"));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line.substr(0, line.find('#')));
+    std::string name, first;
+    if (!(fields >> name >> first)) continue;  // a comment, a blank line or the baseline
+    std::string stem = "lab_" + name;
+    std::replace_if(
+        stem.begin(), stem.end(), [](char c) { return c == '-' || c == '.'; }, '_');
+    if (line.find("model.num_experts_per_tok=") != std::string::npos) {
+      cases.push_back(stem);
+    } else {
+      cases.push_back(stem + "_top1");
+      cases.push_back(stem + "_top2");
+    }
+  }
+  for (const char* extra :
+       {"lab_capacity_position_top1", "lab_capacity_position_top2", "lab_bias_softmax_top2",
+        "lab_shared_width_top2", "lab_switch", "lab_deepseek", "lab_minimind2"})
+    cases.push_back(extra);
+  return cases;
+}
+const std::vector<std::string> kCases = parity_cases();
 
 // The reference seeds torch's generator with this before the first forward and before the
 // steps (the random router draws from it).
@@ -111,6 +134,9 @@ TEST_P(Parity, MatchesReference) {
     c10::optional<torch::NoGradGuard> no_grad;
     if (!train) no_grad.emplace();
     out = model(ids, labels);
+    // The global aux scope over this one micro-batch, as a step of one would (a no-op for
+    // the other scopes and in eval).
+    if (train) GlobalAuxScope(model->config()).add_to(out, ids.numel());
   }
   const double d_logits = max_abs_diff(out.logits, fx.at("logits").toTensor());
   const double d_loss = max_abs_diff(out.loss, fx.at("loss").toTensor());
@@ -124,34 +150,34 @@ TEST_P(Parity, MatchesReference) {
   // each expert's assignments decided (the fixtures include overflowing experts).
   if (fx.contains("keep")) {
     torch::Tensor ref_keep = fx.at("keep").toTensor();  // [L, N, k]
-    ASSERT_EQ(out.layer_keep.size(), static_cast<size_t>(ref_keep.size(0)));
-    torch::Tensor keep = torch::stack(out.layer_keep);
+    ASSERT_EQ(out.per_layer(&MoEStats::keep).size(), static_cast<size_t>(ref_keep.size(0)));
+    torch::Tensor keep = torch::stack(out.per_layer(&MoEStats::keep));
     EXPECT_FALSE(ref_keep.all().item<bool>()) << "no assignment dropped: the case tests nothing";
     EXPECT_TRUE(torch::equal(keep, ref_keep))
         << (keep != ref_keep).nonzero() << " differ (layer, token, slot)";
     // The logged dropped count: the dropped slots of real (non-padding) tokens.
     torch::Tensor real = (ids.reshape({-1}) != 0).unsqueeze(1).expand_as(ref_keep[0]);  // [N, k]
     for (int64_t l = 0; l < ref_keep.size(0); ++l)
-      EXPECT_EQ(out.layer_dropped[static_cast<size_t>(l)].item<int64_t>(),
+      EXPECT_EQ(out.moe[static_cast<size_t>(l)].stats.dropped.value(),
                 ref_keep[l].logical_not().logical_and(real).sum().item<int64_t>());
   } else {
-    EXPECT_TRUE(out.layer_keep.empty());
+    EXPECT_TRUE(out.per_layer(&MoEStats::keep).empty());
   }
   if (fx.contains("counts")) {
-    EXPECT_TRUE(torch::equal(torch::stack(out.expert_counts), fx.at("counts").toTensor()))
-        << torch::stack(out.expert_counts) << "\nvs reference\n"
-        << fx.at("counts").toTensor();
+    const torch::Tensor counts = torch::stack(out.per_layer(&MoEStats::counts));  // [L, E]
+    EXPECT_TRUE(torch::equal(counts, fx.at("counts").toTensor())) << counts << "\nvs reference\n"
+                                                                  << fx.at("counts").toTensor();
   } else {
-    EXPECT_TRUE(out.expert_counts.empty());
+    EXPECT_TRUE(out.moe.empty());
   }
   std::string router_report;
   // Is the router learning? H̄, H_m, MI and confidence from the C++ sums against the
   // reference's formulas on its own probabilities (real tokens).
   if (fx.contains("router_metrics")) {
     torch::Tensor ref = fx.at("router_metrics").toTensor();  // [L, 4]
-    ASSERT_EQ(out.layer_router.size(), static_cast<size_t>(ref.size(0)));
+    ASSERT_EQ(out.per_layer(&MoEStats::router_sums).size(), static_cast<size_t>(ref.size(0)));
     ExpertCounts sums;
-    sums.add_router(out.layer_router);
+    sums.add_router(out.per_layer(&MoEStats::router_sums));
     double d_router = 0;
     for (int64_t l = 0; l < ref.size(0); ++l) {
       const RouterInfo r = sums.router_info(static_cast<size_t>(l));
@@ -167,7 +193,7 @@ TEST_P(Parity, MatchesReference) {
     }
     router_report = ", router metrics " + c10::str(d_router);
   } else {
-    EXPECT_TRUE(out.layer_router.empty());
+    EXPECT_TRUE(out.per_layer(&MoEStats::router_sums).empty());
   }
   std::string report = "logits " + c10::str(d_logits) + ", loss " + c10::str(d_loss) + ", aux " +
                        c10::str(d_aux) + ", z " + c10::str(d_z) + router_report;
@@ -208,24 +234,26 @@ TEST_P(Parity, MatchesReference) {
       // The trainer's own step: backward, fill, clip, AdamW, bias update, clear_gradients.
       // The first step also measures the router gradient by source.
       const bool probe = s == 0 && fx.contains("router_grad");
+      StepOptions so;
+      so.accumulation_steps = static_cast<int64_t>(micro.size());
+      so.grad_clip = tc.grad_clip, so.lr = tc.learning_rate, so.router_grads = probe;
       StepStats st = optimizer_step(
-          model, *opt, [&] { return micro[next++ % micro.size()]; },
-          static_cast<int64_t>(micro.size()), tc.grad_clip, tc.learning_rate, nullptr, probe);
+          model, *opt, [&] { return micro[next++ % micro.size()]; }, so);
       if (probe) {
         // Reference: each source differentiated on its own; here the balancing part alone
         // and the LM part as the rest of the full gradient. Norms of ~1e-3 to 1e-1; the
         // #858 cases' LM part is rounding noise on both sides (< 1e-7).
         torch::Tensor ref = fx.at("router_grad").toTensor();  // [L, 2]
-        ASSERT_EQ(st.layer_grad_lm.size(), static_cast<size_t>(ref.size(0)));
+        ASSERT_EQ(st.layers.size(), static_cast<size_t>(ref.size(0)));
         for (int64_t l = 0; l < ref.size(0); ++l) {
-          const auto i = static_cast<size_t>(l);
-          EXPECT_NEAR(st.layer_grad_lm[i], ref[l][0].item<double>(), 1e-6) << "layer " << l;
-          EXPECT_NEAR(st.layer_grad_balance[i], ref[l][1].item<double>(), 1e-6) << "layer " << l;
-          d_router_grad =
-              std::max({d_router_grad, std::abs(st.layer_grad_lm[i] - ref[l][0].item<double>()),
-                        std::abs(st.layer_grad_balance[i] - ref[l][1].item<double>())});
+          const LayerStats& ls = st.layers[static_cast<size_t>(l)];
+          ASSERT_TRUE(ls.grad_lm && ls.grad_balance) << "layer " << l;
+          EXPECT_NEAR(*ls.grad_lm, ref[l][0].item<double>(), 1e-6) << "layer " << l;
+          EXPECT_NEAR(*ls.grad_balance, ref[l][1].item<double>(), 1e-6) << "layer " << l;
+          d_router_grad = std::max({d_router_grad, std::abs(*ls.grad_lm - ref[l][0].item<double>()),
+                                    std::abs(*ls.grad_balance - ref[l][1].item<double>())});
         }
-        router_grad_lm = st.layer_grad_lm[0], router_grad_bal = st.layer_grad_balance[0];
+        router_grad_lm = *st.layers[0].grad_lm, router_grad_bal = *st.layers[0].grad_balance;
       }
       const double d = std::abs(st.loss - ref_losses[s].item<double>());
       EXPECT_LE(d, kTol) << "step " << s;
@@ -270,21 +298,24 @@ TEST_P(Parity, MatchesReference) {
       torch::manual_seed(kSeedForward);
       for (int64_t s = 0; s < ref_losses.size(0); ++s) {
         const bool probe = s == 0 && fx.contains("router_grad");
+        StepOptions so;
+        so.accumulation_steps = static_cast<int64_t>(micro.size());
+        so.grad_clip = tc.grad_clip, so.lr = tc.learning_rate, so.router_grads = probe;
+        so.shards = 2;
         StepStats st = optimizer_step(
-            sharded, *sharded_opt, [&] { return micro[next++ % micro.size()]; },
-            static_cast<int64_t>(micro.size()), tc.grad_clip, tc.learning_rate, nullptr, probe,
-            /*shards=*/2);
+            sharded, *sharded_opt, [&] { return micro[next++ % micro.size()]; }, so);
         const double d = std::abs(st.loss - ref_losses[s].item<double>());
         EXPECT_LE(d, kTol) << "in shards, step " << s;
         d_shard_steps = std::max(d_shard_steps, d);
         if (probe) {
           torch::Tensor ref = fx.at("router_grad").toTensor();  // [L, 2]
-          ASSERT_EQ(st.layer_grad_lm.size(), static_cast<size_t>(ref.size(0)));
+          ASSERT_EQ(st.layers.size(), static_cast<size_t>(ref.size(0)));
           for (int64_t l = 0; l < ref.size(0); ++l) {
-            const auto i = static_cast<size_t>(l);
+            const LayerStats& ls = st.layers[static_cast<size_t>(l)];
+            ASSERT_TRUE(ls.grad_lm && ls.grad_balance) << "layer " << l;
             d_shard_router =
-                std::max({d_shard_router, std::abs(st.layer_grad_lm[i] - ref[l][0].item<double>()),
-                          std::abs(st.layer_grad_balance[i] - ref[l][1].item<double>())});
+                std::max({d_shard_router, std::abs(*ls.grad_lm - ref[l][0].item<double>()),
+                          std::abs(*ls.grad_balance - ref[l][1].item<double>())});
           }
           EXPECT_LE(d_shard_router, 1e-6) << "in shards";
         }

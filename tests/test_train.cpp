@@ -201,7 +201,8 @@ StepStats step_stats(double lm, double aux, double grad, std::vector<std::vector
   StepStats s;
   s.lm_loss = lm, s.aux_loss = aux, s.loss = lm + aux, s.grad_norm = grad, s.tokens = tokens;
   s.counts.layers = std::move(counts);
-  for (size_t l = 0; l < s.counts.layers.size(); ++l) s.layer_aux.push_back(aux / 2);
+  s.layers.resize(s.counts.layers.size());
+  for (LayerStats& l : s.layers) l.aux = aux / 2;
   return s;
 }
 
@@ -567,9 +568,12 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
       return Batch{rows.narrow(0, r, 5), labels.narrow(0, r, 5)};
     };
     std::vector<StepStats> stats;
-    for (int step = 0; step < 3; ++step)
-      stats.push_back(optimizer_step(model, *opt, batches, 2, cfg.train.grad_clip, 1e-3, nullptr,
-                                     /*router_grads=*/step == 0, shards));
+    for (int step = 0; step < 3; ++step) {
+      StepOptions so;
+      so.accumulation_steps = 2, so.grad_clip = cfg.train.grad_clip, so.lr = 1e-3;
+      so.router_grads = step == 0, so.shards = shards;
+      stats.push_back(optimizer_step(model, *opt, batches, so));
+    }
     return std::make_pair(model, stats);
   };
   // In float64 the shards' sums equal the whole's but for rounding far below 1e-9 (AdamW
@@ -598,18 +602,22 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
     EXPECT_NEAR(s.grad_norm, w.grad_norm, 1e-12);
     EXPECT_EQ(s.counts.layers, w.counts.layers) << "step " << i;
     EXPECT_EQ(s.tokens, w.tokens);
-    ASSERT_EQ(s.layer_seq_max_vio.size(), 2u);
+    ASSERT_EQ(s.layers.size(), 2u);
     for (size_t l = 0; l < 2; ++l) {
-      EXPECT_NEAR(s.layer_aux[l], w.layer_aux[l], 1e-12);
-      EXPECT_NEAR(s.layer_z[l], w.layer_z[l], 1e-12);
-      EXPECT_EQ(s.layer_seq_max_vio[l], w.layer_seq_max_vio[l]);
+      const LayerStats &sl = s.layers[l], &wl = w.layers[l];
+      EXPECT_NEAR(sl.aux, wl.aux, 1e-12);
+      ASSERT_TRUE(sl.z && wl.z && sl.seq_max_vio && wl.seq_max_vio);
+      EXPECT_NEAR(*sl.z, *wl.z, 1e-12);
+      EXPECT_EQ(*sl.seq_max_vio, *wl.seq_max_vio);
     }
   }
-  ASSERT_EQ(a_stats[0].layer_grad_lm.size(), 2u);
+  ASSERT_EQ(a_stats[0].layers.size(), 2u);
   for (size_t l = 0; l < 2; ++l) {
-    EXPECT_NEAR(a_stats[0].layer_grad_lm[l], whole_stats[0].layer_grad_lm[l], 1e-12);
-    EXPECT_NEAR(a_stats[0].layer_grad_balance[l], whole_stats[0].layer_grad_balance[l], 1e-12);
-    EXPECT_GT(a_stats[0].layer_grad_balance[l], 0.0);
+    const LayerStats &al = a_stats[0].layers[l], &wl = whole_stats[0].layers[l];
+    ASSERT_TRUE(al.grad_lm && wl.grad_lm && al.grad_balance && wl.grad_balance);
+    EXPECT_NEAR(*al.grad_lm, *wl.grad_lm, 1e-12);
+    EXPECT_NEAR(*al.grad_balance, *wl.grad_balance, 1e-12);
+    EXPECT_GT(*al.grad_balance, 0.0);
   }
   std::printf("5 rows in 2 shards vs whole, 3 steps (fp64): max |weight diff| %.3g\n", worst);
 
@@ -620,12 +628,14 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
   torch::manual_seed(11);
   MiniMindForCausalLM model(cfg.model);
   auto opt = make_optimizer(model->parameters(), cfg.train);
+  StepOptions two_shards;
+  two_shards.lr = 1e-3, two_shards.shards = 2;
   EXPECT_ANY_THROW(optimizer_step(
       model, *opt,
       [&] {
         return Batch{bad, bad};
       },
-      1, 1.0, 1e-3, nullptr, false, 2));
+      two_shards));
 }
 
 TEST(Checkpointer, SavesAtTheIntervalAtTheLastStepAndWhenStopping) {
@@ -676,7 +686,9 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
       return Batch{b, b};
     };
     if (step) {
-      optimizer_step(model, *opt, batches, accumulation, cfg.train.grad_clip, 5e-4);
+      StepOptions so;
+      so.accumulation_steps = accumulation, so.grad_clip = cfg.train.grad_clip, so.lr = 5e-4;
+      optimizer_step(model, *opt, batches, so);
     } else {  // the micro-steps only, to compare the accumulated gradients
       for (int64_t i = 0; i < accumulation; ++i) {
         Batch b = batches();
@@ -1283,15 +1295,17 @@ TEST(Trainer, BalancingLabLogsAndResumes) {
     std::vector<double> expected_bias(4, 0.0);
     for (size_t i = 0; i < records.size(); ++i) {
       const LoadRecord& r = records[i];
-      ASSERT_TRUE(r.z && r.dropped && r.bias && r.seq_max_vio) << "step " << r.step;
-      EXPECT_GT(*r.z, 0.0);
-      EXPECT_GE(*r.seq_max_vio, r.max_vio - 1e-12);  // a row is at least as unbalanced as the step
+      ASSERT_TRUE(r.stats.z && r.dropped && r.stats.bias && r.stats.seq_max_vio)
+          << "step " << r.step;
+      EXPECT_GT(*r.stats.z, 0.0);
+      EXPECT_GE(*r.stats.seq_max_vio,
+                r.max_vio - 1e-12);  // a row is at least as unbalanced as the step
       // The bias moves by the sign rule from the logged counts of its own step.
       const double mean = std::accumulate(r.counts.begin(), r.counts.end(), 0.0) / 4.0;
       for (size_t e = 0; e < 4; ++e) {
         const double c = static_cast<double>(r.counts[e]);
         expected_bias[e] += 0.01 * static_cast<double>((mean > c) - (mean < c));
-        EXPECT_NEAR((*r.bias)[e], expected_bias[e], 1e-6)
+        EXPECT_NEAR((*r.stats.bias)[e], expected_bias[e], 1e-6)
             << "layer " << layer << " step " << r.step;
       }
       const LoadRecord& resumed = b.train_load.at(layer).at(i);
@@ -1345,8 +1359,8 @@ TEST(Trainer, UninformativeWarningOnMiniMind858NotOnThePreset) {
   }
   // Every MoE load record of a log step carries the router gradient by source.
   const auto& l0 = runs["false"].train_load.at(0);
-  for (const LoadRecord& r : l0) EXPECT_EQ(r.grad_lm.has_value(), r.step % 10 == 0) << r.step;
-  EXPECT_GT(*l0.back().grad_lm, 1e-4);
+  for (const LoadRecord& r : l0) EXPECT_EQ(r.stats.grad_lm.has_value(), r.step % 10 == 0) << r.step;
+  EXPECT_GT(*l0.back().stats.grad_lm, 1e-4);
 }
 
 TEST(Trainer, ResumeMidIntervalLogsTheSameMonitoring) {

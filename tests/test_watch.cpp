@@ -10,6 +10,7 @@
 #include "minimind/analysis/report.h"
 #include "minimind/run/run_log.h"
 #include "minimind/run/tensorboard.h"
+#include "minimind/train/report_writer.h"
 #include "minimind/train/trainer.h"
 #include "support/test_support.h"
 

@@ -49,29 +49,54 @@ CASES = {
                                    "train", "idle_expert"),
 }
 
-# The balancing lab: each method alone at k = 1 and k = 2, and the presets' combinations.
+# The balancing lab: each method of configs/balancing-methods.txt at k = 1 and k = 2
+# (tests/test_parity.cpp derives the same names), then what that list cannot say: the other
+# drop policy, the bias with softmax scores, a shared expert of its own width, and the
+# presets' combinations.
 TOP1 = dict(MOE, num_experts_per_tok=1, norm_topk_prob=False)
 TOP2 = dict(MOE, num_experts_per_tok=2, norm_topk_prob=True)
-LAB = {
-    "lab_seq_aux_top1": dict(TOP1, aux_loss_scope="sequence"),
-    "lab_seq_aux_top2": dict(TOP2, aux_loss_scope="sequence"),
-    "lab_global_aux_top1": dict(TOP1, aux_loss_scope="global"),
-    "lab_global_aux_top2": dict(TOP2, aux_loss_scope="global"),
-    "lab_zloss_top1": dict(TOP1, router_z_loss_coef=0.01),
-    "lab_zloss_top2": dict(TOP2, router_z_loss_coef=0.01),
-    "lab_sigmoid_top1": dict(TOP1, scoring_func="sigmoid"),
-    "lab_sigmoid_top2": dict(TOP2, scoring_func="sigmoid"),
-    "lab_bias_sigmoid_top1": dict(TOP1, scoring_func="sigmoid", router_bias_update_rate=0.01),
-    "lab_bias_softmax_top2": dict(TOP2, router_bias_update_rate=0.01),
-    "lab_capacity_probs_top1": dict(TOP1, capacity_factor=1.0),
+METHODS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
+                       "balancing-methods.txt")
+
+
+def yaml_scalar(text):
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def method_cases(path):
+    """name -> model keys for each method: lab_<name>_top1 and _top2, or lab_<name> alone
+    when the method sets num_experts_per_tok; the baseline (no overrides) has the moe_* cases."""
+    cases = {}
+    for line in open(path):
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2:
+            continue
+        stem = "lab_" + fields[0].replace("-", "_").replace(".", "_")
+        keys = {}
+        for assignment in fields[1:]:
+            key, value = assignment.split("=", 1)
+            section, name = key.split(".", 1)
+            assert section == "model", f"{path}: {key}: parity cases set model keys only"
+            keys[name] = yaml_scalar(value)
+        if "num_experts_per_tok" in keys:
+            cases[stem] = dict(TOP1, **keys)
+        else:
+            cases[stem + "_top1"] = dict(TOP1, **keys)
+            cases[stem + "_top2"] = dict(TOP2, **keys)
+    return cases
+
+
+LAB = method_cases(METHODS)
+LAB.update({
     "lab_capacity_position_top1": dict(TOP1, capacity_factor=1.0, capacity_drop_policy="position"),
-    "lab_capacity_probs_top2": dict(TOP2, capacity_factor=1.0),
     "lab_capacity_position_top2": dict(TOP2, capacity_factor=1.25, capacity_drop_policy="position"),
-    "lab_shared_top1": dict(TOP1, n_shared_experts=1),
-    "lab_shared_top2": dict(TOP2, n_shared_experts=2, shared_expert_intermediate_size=80),
-    "lab_random_top1": dict(TOP1, router="random", router_aux_loss_coef=0.0),
-    "lab_random_top2": dict(TOP2, router="random", router_aux_loss_coef=0.0),
-    "lab_hash_top1": dict(TOP1, router="hash", router_aux_loss_coef=0.0),
+    "lab_bias_softmax_top2": dict(TOP2, router_bias_update_rate=0.01),
+    "lab_shared_width_top2": dict(TOP2, n_shared_experts=2, shared_expert_intermediate_size=80),
     # configs/moe-switch.yaml, moe-deepseek.yaml and minimind2-moe.yaml at fixture size
     "lab_switch": dict(TOP1, capacity_factor=1.25, router_z_loss_coef=1e-3, router_aux_loss_coef=1e-2),
     "lab_deepseek": dict(MOE, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
@@ -79,7 +104,7 @@ LAB = {
                          aux_loss_scope="sequence", router_aux_loss_coef=1e-4),
     "lab_minimind2": dict(TOP2, n_shared_experts=1, aux_loss_scope="sequence",
                           router_aux_loss_coef=0.01),
-}
+})
 CASES.update({name: (keys, "train", "lab") for name, keys in LAB.items()})
 SEED_FORWARD = 7
 
@@ -118,7 +143,10 @@ def router_grad_by_source(model, micro):
     for m_ids, m_labels in micro:
         _, loss, aux, z, _ = model(m_ids, m_labels, step)
         g_lm = torch.autograd.grad(loss / len(micro), gates, retain_graph=True, allow_unused=True)
-        g_bal = torch.autograd.grad((aux + z) / len(micro), gates, allow_unused=True)
+        balance = (aux + z) / len(micro)
+        # No balancing loss (coefficients 0): its gradient is zero.
+        g_bal = (torch.autograd.grad(balance, gates, allow_unused=True) if balance.requires_grad
+                 else [None] * len(gates))
         for i in range(len(gates)):
             if g_lm[i] is not None:
                 lm[i] += g_lm[i]

@@ -202,26 +202,22 @@ class Checker {
 
 // The balancing lab's keys: each value alone, then the combinations that cannot work.
 void validate_balancing(const Checker& c, ModelConfig& m) {
-  c.one_of("model.aux_loss_scope", m.aux_loss_scope, {"batch", "sequence", "global"});
   c.non_negative_real("model.router_z_loss_coef", m.router_z_loss_coef);
-  c.one_of("model.scoring_func", m.scoring_func, {"softmax", "sigmoid"});
   c.non_negative_real("model.router_bias_update_rate", m.router_bias_update_rate);
   c.non_negative_real("model.capacity_factor", m.capacity_factor);
-  c.one_of("model.capacity_drop_policy", m.capacity_drop_policy, {"probs", "position"});
   c.non_negative("model.n_shared_experts", m.n_shared_experts);
   if (m.shared_expert_intermediate_size)
     c.positive("model.shared_expert_intermediate_size", *m.shared_expert_intermediate_size);
-  c.one_of("model.router", m.router, {"learned", "random", "hash"});
 
   // Keys that change a MoE layer mean nothing in a dense model.
   const std::vector<std::pair<const char*, bool>> moe_only = {
-      {"model.aux_loss_scope", m.aux_loss_scope != "batch"},
+      {"model.aux_loss_scope", m.aux_loss_scope != AuxScope::batch},
       {"model.router_z_loss_coef", m.router_z_loss_coef != 0},
-      {"model.scoring_func", m.scoring_func != "softmax"},
+      {"model.scoring_func", m.scoring_func != ScoringFunc::softmax},
       {"model.router_bias_update_rate", m.router_bias_update_rate != 0},
       {"model.capacity_factor", m.capacity_factor != 0},
       {"model.n_shared_experts", m.n_shared_experts != 0},
-      {"model.router", m.router != "learned"},
+      {"model.router", m.router != RouterKind::learned},
   };
   if (!m.use_moe)
     for (const auto& [key, on] : moe_only)
@@ -231,7 +227,7 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
 
   // The control routers have no scores: nothing for a loss, a bias or a capacity ranking.
   if (!m.learned_router()) {
-    const std::string why = "router \"" + m.router +
+    const std::string why = "router \"" + std::string(name_of(m.router)) +
                             "\" routes without a learned score; this key applies to the "
                             "learned router only";
     if (m.router_aux_loss_coef != 0)
@@ -240,7 +236,7 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
       if (on && std::string(key) != "model.router" && std::string(key) != "model.n_shared_experts")
         c.conflict(key, "model.router", why);
   }
-  if (m.router == "hash" && m.num_experts_per_tok != 1)
+  if (m.router == RouterKind::hash && m.num_experts_per_tok != 1)
     c.conflict("model.num_experts_per_tok", "model.router",
                "the hash router sends each token to exactly one expert (token id mod "
                "num_experts); set num_experts_per_tok: 1");
@@ -384,10 +380,10 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "model.router_aux_loss_coef = 0: nothing balances the experts; watch the "
         "expert-load logs for collapse.");
   }
-  if (m.use_moe && m.router_aux_loss_coef == 0 && m.aux_loss_scope != "batch")
-    warnings.push_back("model.aux_loss_scope = " + m.aux_loss_scope +
+  if (m.use_moe && m.router_aux_loss_coef == 0 && m.aux_loss_scope != AuxScope::batch)
+    warnings.push_back("model.aux_loss_scope = " + std::string(name_of(m.aux_loss_scope)) +
                        " with model.router_aux_loss_coef = 0: there is no aux loss to scope.");
-  if (m.use_moe && m.router_bias_update_rate > 0 && m.scoring_func == "softmax")
+  if (m.use_moe && m.router_bias_update_rate > 0 && m.scoring_func == ScoringFunc::softmax)
     warnings.push_back(
         "model.router_bias_update_rate > 0 with model.scoring_func = softmax: the bias was "
         "designed for DeepSeek-V3's independent sigmoid affinities (Megatron refuses this "

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "minimind/choices.h"
 #include "minimind/error.h"
 
 namespace minimind {
@@ -47,22 +48,22 @@ struct ModelConfig {
   double router_aux_loss_coef = 5e-4;
   // The balancing lab (docs/moe-routing.md, "Balancing methods, exactly"). Every default
   // keeps MiniMind-3's routing float for float.
-  std::string aux_loss_scope = "batch";        // batch | sequence | global
-  double router_z_loss_coef = 0.0;             // ST-MoE router z-loss, per layer
-  std::string scoring_func = "softmax";        // softmax | sigmoid (DeepSeek-V3)
-  double router_bias_update_rate = 0.0;        // aux-loss-free bias: u of the sign update
-  double capacity_factor = 0.0;                // 0: dropless; else C = ceil(cf * k * T / E)
-  std::string capacity_drop_policy = "probs";  // probs | position
-  int64_t n_shared_experts = 0;                // always-on experts (DeepSeekMoE)
+  AuxScope aux_loss_scope = AuxScope::batch;
+  double router_z_loss_coef = 0.0;                  // ST-MoE router z-loss, per layer
+  ScoringFunc scoring_func = ScoringFunc::softmax;  // sigmoid: DeepSeek-V3
+  double router_bias_update_rate = 0.0;             // aux-loss-free bias: u of the sign update
+  double capacity_factor = 0.0;                     // 0: dropless; else C = ceil(cf * k * T / E)
+  DropPolicy capacity_drop_policy = DropPolicy::probs;
+  int64_t n_shared_experts = 0;                            // always-on experts (DeepSeekMoE)
   std::optional<int64_t> shared_expert_intermediate_size;  // unset: = moe_intermediate_size
-  std::string router = "learned";                          // learned | random | hash
+  RouterKind router = RouterKind::learned;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Resolved widths (valid on any config, resolved or not).
   int64_t ffn_size() const;
   int64_t expert_ffn_size() const;
   int64_t shared_ffn_size() const;
-  bool learned_router() const { return router == "learned"; }
+  bool learned_router() const { return router == RouterKind::learned; }
 };
 
 // MiniMind's derived FFN width: ceil(hidden * pi / 64) * 64 (768 -> 2432).
@@ -141,7 +142,9 @@ struct Config {
 };
 
 // ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
-using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*>;
+// Choices (choices.h) are parsed and written by their names.
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
+                              AuxScope*, ScoringFunc*, DropPolicy*, RouterKind*>;
 
 struct Field {
   const char* section;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "minimind/config.h"
 
@@ -95,6 +96,15 @@ void assign(Config& cfg, const Field& field, const YAML::Node& node, const std::
     }
   } else if (auto* p = std::get_if<std::string*>(&ref)) {
     **p = s;
+  } else {
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_enum_v<T>)
+            if (null || !parse_choice(s, *target))
+              type_error(key, origin, "one of " + choice_list<T>(), node);
+        },
+        ref);
   }
   cfg.origin[key] = origin;
 }
@@ -112,6 +122,7 @@ void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) 
       throw ConfigError("config error: " + where(source, sec.first) +
                         ": a section name must be a plain word (run, model, data, train, log)");
     const std::string name = sec.first.as<std::string>();
+    if (name == "base") continue;  // the file loader's (load_file)
     if (!is_section(name))
       throw ConfigError("config error: unknown section '" + name + "' (" +
                         where(source, sec.first) + "); sections are run, model, data, train, log");
@@ -151,20 +162,54 @@ YAML::Node load_yaml(const std::string& text, const std::string& source) {
   }
 }
 
-}  // namespace
-
-Config load_config_string(const std::string& yaml, const std::string& source_name) {
-  Config cfg;
-  parse_root(cfg, load_yaml(yaml, source_name), source_name);
-  return cfg;
+// The `base:` of a file's root, resolved against the file's directory; "" without one.
+std::string base_of(const YAML::Node& root, const std::string& path) {
+  if (!root.IsMap() || !root["base"]) return "";
+  const YAML::Node node = root["base"];
+  if (!node.IsScalar() || node.Scalar().empty())
+    throw ConfigError("config error: base (" + where(path, node) +
+                      "): expected the file name of the config this one starts from, e.g. "
+                      "base: moe.yaml");
+  fs::path base(node.Scalar());
+  if (base.is_relative()) base = fs::absolute(fs::path(path)).parent_path() / base;
+  if (!fs::is_regular_file(base))
+    throw ConfigError("config error: base (" + where(path, node) + "): no config file '" +
+                          base.lexically_normal().string() + "'",
+                      "name a file beside this one (base: moe.yaml) or give its path");
+  return base.lexically_normal().string();
 }
 
-Config load_config_file(const std::string& path) {
+// A file over its base (and its base's base): the base's values first, then this file's.
+// chain: the files being loaded, outermost first, to name a cycle.
+Config load_file(const std::string& path, std::vector<std::string>& chain) {
   std::ifstream in(path);
   if (!in) throw ConfigError("config error: cannot read config file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
-  Config cfg = load_config_string(text.str(), path);
+  const std::string id = fs::weakly_canonical(fs::absolute(path)).string();
+  for (const auto& c : chain)
+    if (fs::weakly_canonical(fs::absolute(c)).string() == id) {
+      std::string loop;
+      for (const auto& f : chain) loop += f + " -> ";
+      throw ConfigError("config error: base: the configs name each other in a cycle: " + loop +
+                        path);
+    }
+  const YAML::Node root = load_yaml(text.str(), path);
+  Config cfg;
+  const std::string base = base_of(root, path);
+  if (!base.empty()) {
+    chain.push_back(path);
+    cfg = load_file(base, chain);
+    chain.pop_back();
+    cfg.origin.erase("run.name");
+  }
+  parse_root(cfg, root, path);
+  // run.name names the run directory: a variant that does not name itself is named after
+  // its file, not its base (whose runs it would otherwise resume or refuse).
+  if (!base.empty() && !cfg.origin.count("run.name")) {
+    cfg.run.name = fs::path(path).stem().string();
+    cfg.origin["run.name"] = path + " (its file name)";
+  }
   const fs::path dir = fs::absolute(fs::path(path)).parent_path();
   for (auto [key, value] :
        {std::pair{"data.train", &cfg.data.train}, std::pair{"data.val", &cfg.data.val},
@@ -172,6 +217,23 @@ Config load_config_file(const std::string& path) {
     if (cfg.origin.count(key) && !value->empty() && fs::path(*value).is_relative())
       *value = (dir / *value).lexically_normal().string();
   return cfg;
+}
+
+}  // namespace
+
+Config load_config_string(const std::string& yaml, const std::string& source_name) {
+  const YAML::Node root = load_yaml(yaml, source_name);
+  if (root.IsMap() && root["base"])
+    throw ConfigError("config error: base (" + where(source_name, root["base"]) +
+                      "): only a config file can start from another");
+  Config cfg;
+  parse_root(cfg, root, source_name);
+  return cfg;
+}
+
+Config load_config_file(const std::string& path) {
+  std::vector<std::string> chain;
+  return load_file(path, chain);
 }
 
 void apply_override(Config& cfg, const std::string& assignment) {
@@ -206,6 +268,17 @@ void apply_override(Config& cfg, const std::string& assignment) {
 }
 
 namespace {
+// The name of a choice field's value ("" for other fields).
+std::string choice_text(const FieldRef& ref) {
+  return std::visit(
+      [](auto* target) -> std::string {
+        using T = std::remove_pointer_t<decltype(target)>;
+        if constexpr (std::is_enum_v<T>) return name_of(*target);
+        return "";
+      },
+      ref);
+}
+
 std::string value_text(Config& cfg, const Field& f) {
   FieldRef ref = f.bind(cfg);
   if (auto* p = std::get_if<int64_t*>(&ref)) return std::to_string(**p);
@@ -213,7 +286,8 @@ std::string value_text(Config& cfg, const Field& f) {
     return **p ? std::to_string(***p) : "null";
   if (auto* p = std::get_if<double*>(&ref)) return fmt::format("{}", **p);
   if (auto* p = std::get_if<bool*>(&ref)) return **p ? "true" : "false";
-  return "\"" + **std::get_if<std::string*>(&ref) + "\"";
+  if (auto* p = std::get_if<std::string*>(&ref)) return "\"" + **p + "\"";
+  return "\"" + choice_text(ref) + "\"";  // written as the strings they were
 }
 }  // namespace
 
@@ -262,6 +336,8 @@ std::string config_to_yaml(const Config& cfg_in) {
       out << (**p ? "true" : "false");
     } else if (auto* p = std::get_if<std::string*>(&ref)) {
       out << YAML::DoubleQuoted << **p;
+    } else {
+      out << YAML::DoubleQuoted << choice_text(ref);
     }
   }
   out << YAML::EndMap << YAML::EndMap;

@@ -86,15 +86,16 @@ std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dr
     charts +=
         line_chart("Fraction of assignments dropped by capacity, per layer", dropped, {}, axis);
   for (const auto& [layer, points] : logs.train_load) {
-    if (points.empty() || !points.back().bias) continue;
-    const size_t E = points.back().bias->size();
+    if (points.empty() || !points.back().stats.bias) continue;
+    const size_t E = points.back().stats.bias->size();
     std::vector<Series> experts;
     for (size_t e = 0; e < E; ++e)
       experts.push_back(load_series(
           points,
           [e](const LoadRecord& r) {
-            return r.bias && e < r.bias->size() ? std::optional<double>((*r.bias)[e])
-                                                : std::nullopt;
+            return r.stats.bias && e < r.stats.bias->size()
+                       ? std::optional<double>((*r.stats.bias)[e])
+                       : std::nullopt;
           },
           "e" + std::to_string(e), series_color(e)));
     charts += line_chart("Layer " + std::to_string(layer) + ": selection bias per expert" +
@@ -215,8 +216,8 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       };
       add(maxvio, [](const LoadRecord& r) { return std::optional<double>(r.max_vio); });
       add(entropy, [](const LoadRecord& r) { return std::optional<double>(r.entropy); });
-      add(spread, [](const LoadRecord& r) { return r.seq_max_vio; });
-      add(z, [](const LoadRecord& r) { return r.z; });
+      add(spread, [](const LoadRecord& r) { return r.stats.seq_max_vio; });
+      add(z, [](const LoadRecord& r) { return r.stats.z; });
       add(dropped, [](const LoadRecord& r) { return r.dropped; });
       add(mi, [](const LoadRecord& r) { return r.mi; });
       add(token_entropy, [](const LoadRecord& r) { return r.token_entropy; });
@@ -224,8 +225,8 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       const auto log10_of = [](const std::optional<double>& v) {
         return v && *v > 0 ? std::optional<double>(std::log10(*v)) : std::nullopt;
       };
-      add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.grad_lm); });
-      add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.grad_balance); });
+      add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.stats.grad_lm); });
+      add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.stats.grad_balance); });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
@@ -261,54 +262,6 @@ std::string write_report(const std::string& run_dir, const ReportStatus* running
   const std::string path = run_dir + "/report.html";
   write_file_atomic(path, render_report(read_run_logs(run_dir), running));
   return path;
-}
-
-void ReportWriter::on_start(const RunStart& s) {
-  start_ = s;
-  started_ = true;
-  step_ = s.step, max_steps_ = s.max_steps;
-  since_last_.restart();
-}
-
-void ReportWriter::on_eval(const EvalInfo& e) {
-  if (interval_ <= 0) return;
-  step_ = e.record.step;
-  write(/*running=*/true);
-}
-
-void ReportWriter::on_step_end(const StepInfo& s, bool last) {
-  step_ = s.step, max_steps_ = s.max_steps;
-  if (interval_ <= 0 || last || since_last_.seconds() < static_cast<double>(interval_)) return;
-  write(/*running=*/true);
-}
-
-void ReportWriter::on_end(const TrainResult&) {
-  write(/*running=*/false);
-  if (start_.main_rank && pages_ > 0)
-    start_.log->info("report rewritten {} times while training ({:.2f} s in all)", pages_,
-                     seconds_live_);
-}
-
-void ReportWriter::write(bool running) {
-  if (!started_ || !start_.main_rank) return;
-  const Stopwatch clock;
-  ReportStatus status{step_, max_steps_, "", 60};
-  if (running) {
-    const std::time_t now = std::time(nullptr);
-    std::tm local{};
-    localtime_r(&now, &local);
-    char hhmm[8];
-    std::strftime(hhmm, sizeof(hhmm), "%H:%M", &local);
-    status.written_at = hhmm;
-  }
-  try {
-    const std::string path = write_report(start_.run_dir, running ? &status : nullptr);
-    if (!running) start_.log->info("report {}", path);
-  } catch (const Error& e) {
-    start_.log->warn("cannot write the report: {}; training goes on", e.what());
-  }
-  since_last_.restart();
-  if (running) seconds_live_ += clock.seconds(), ++pages_;
 }
 
 }  // namespace minimind

@@ -72,8 +72,10 @@ struct RoutedRows {
 RoutedRows route_rows(MiniMindForCausalLM& model, const std::vector<std::vector<int64_t>>& rows) {
   const torch::Tensor ids = pad_rows(rows);  // [B, T]
   RoutedRows r;
-  r.out = model->forward(ids, {}, nullptr, nullptr, /*head=*/false);
-  for (const auto& t : r.out.layer_index) r.index.push_back(t.contiguous());
+  ForwardOptions blocks_only;
+  blocks_only.head = false;
+  r.out = model->forward(ids, {}, blocks_only);
+  for (const auto& t : r.out.per_layer(&MoEStats::index)) r.index.push_back(t.contiguous());
   r.stride = r.index.empty() ? 0 : ids.size(1) * r.index[0].size(1);
   return r;
 }
@@ -120,7 +122,12 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
                       "' is a dense model (model.use_moe = false); --analyze looks at how a MoE "
                       "routes tokens");
   MiniMindForCausalLM& model = m.model;
-  const bool was_training = model->is_training();
+  // Back to the caller's mode however this returns (a bad document throws).
+  struct ModeGuard {
+    MiniMindForCausalLM& model;
+    bool was_training;
+    ~ModeGuard() { model->train(was_training); }
+  } mode{model, model->is_training()};
   model->eval();
   torch::NoGradGuard no_grad;
   const int64_t max_len = m.config.data.max_seq_len;
@@ -143,7 +150,7 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
   auto run_batch = [&](const std::vector<std::vector<int64_t>>& rows,
                        const std::vector<size_t>& domains) {
     const RoutedRows routed = route_rows(model, rows);
-    counts.counts.add_router(routed.out.layer_router);
+    counts.counts.add_router(routed.out.per_layer(&MoEStats::router_sums));
     for (size_t b = 0; b < rows.size(); ++b) {
       const std::vector<const int64_t*> choices = routed.row_choices(b);
       counts.add_sequence(domains[b], rows[b].data(), static_cast<int64_t>(rows[b].size()),
@@ -209,17 +216,15 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
 
   // The token view: per passage, per layer, each token's top-1 expert and probabilities.
   for (const auto& row : passages) {
-    const ForwardOutput out = model->forward(pad_rows({row}), {}, nullptr, nullptr, /*head=*/false);
+    const RoutedRows routed = route_rows(model, {row});
     TokenView v;
     for (int64_t id : row) v.pieces.push_back(readable_piece(tok, id));
-    for (size_t l = 0; l < out.layer_index.size(); ++l) {
+    for (const MoEStats& layer : routed.out.moe) {
       // The top-1 expert: the highest-probability choice (a hash or random router's first).
-      torch::Tensor top1 = out.layer_index[l].select(1, 0);  // [T]
-      if (l < out.layer_probs.size()) {
-        const torch::Tensor p = out.layer_probs[l];  // [T, E]
-        top1 = out.layer_index[l]
-                   .gather(1, p.gather(1, out.layer_index[l]).argmax(1, true))
-                   .squeeze(1);
+      torch::Tensor top1 = layer.index.select(1, 0);  // [T]
+      if (layer.probs.defined()) {
+        const torch::Tensor& p = layer.probs;  // [T, E]
+        top1 = layer.index.gather(1, p.gather(1, layer.index).argmax(1, true)).squeeze(1);
         std::vector<std::vector<double>> probs;
         const torch::Tensor pd = p.to(torch::kFloat64).contiguous();
         for (int64_t t = 0; t < pd.size(0); ++t)
@@ -267,7 +272,6 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
         "no saturation curve: a bare weights file has no earlier checkpoints; analyse a run "
         "directory to compare its kept checkpoints";
   }
-  model->train(was_training);
   return a;
 }
 

@@ -72,8 +72,8 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
     torch::Tensor ce = next_token_loss(out.logits, labels, /*mean=*/false);
     loss_sum += ce.item<double>();
     tokens += (labels.narrow(1, 1, L - 1) != -100).sum().item<int64_t>();  // [B, L-1]
-    r.expert_counts.add(out.expert_counts);
-    r.expert_counts.add_router(out.layer_router);
+    r.expert_counts.add(out.per_layer(&MoEStats::counts));
+    r.expert_counts.add_router(out.per_layer(&MoEStats::router_sums));
   }
   if (dist && world > 1) {
     std::vector<double> sums{loss_sum};

@@ -65,7 +65,9 @@ std::vector<int64_t> generate(MiniMindForCausalLM& model, const std::vector<int6
     const int64_t past = o.use_cache && !cache.empty() ? cache[0].length() : 0;
     std::vector<int64_t> feed(seq.begin() + past, seq.end());
     torch::Tensor ids = torch::tensor(feed, torch::kLong).unsqueeze(0);  // [1, T]
-    ForwardOutput f = model->forward(ids, torch::Tensor(), o.use_cache ? &cache : nullptr);
+    ForwardOptions fo;
+    fo.cache = o.use_cache ? &cache : nullptr;
+    ForwardOutput f = model->forward(ids, torch::Tensor(), fo);
     torch::Tensor logits = f.logits[0][-1].to(torch::kFloat32);  // [V]
     int64_t next;
     if (o.greedy) {

@@ -101,7 +101,7 @@ std::string gguf_bytes(const EvalModel& em, ExportDtype dtype) {
   }
   if (arch == "hy_v3") {
     w.add_bool(arch + ".expert_weights_norm", m.norm_topk_prob);
-    w.add_u32(arch + ".expert_gating_func", m.scoring_func == "sigmoid" ? 2 : 1);
+    w.add_u32(arch + ".expert_gating_func", m.scoring_func == ScoringFunc::sigmoid ? 2 : 1);
     w.add_f32(arch + ".expert_weights_scale", 1.0f);
     // Its graph always adds a shared expert: without ours, a zero one of width 1.
     w.add_u32(arch + ".expert_shared_feed_forward_length",
@@ -237,7 +237,7 @@ void refuse_existing(const std::string& out, bool overwrite) {
 void refuse_unlearned_or_dropping(const ModelConfig& m, const std::string& target,
                                   const std::string& runtime) {
   if (!m.learned_router())
-    refuse("model.router = " + m.router, target,
+    refuse("model.router = " + std::string(name_of(m.router)), target,
            "has no counterpart in " + runtime + ", whose MoE layers route by a learned gate");
   if (m.capacity_factor > 0)
     refuse("model.capacity_factor = " + fmt::format("{}", m.capacity_factor), target,
@@ -250,8 +250,8 @@ void refuse_unlearned_or_dropping(const ModelConfig& m, const std::string& targe
 std::string gguf_architecture(const ModelConfig& m) {
   if (!m.use_moe) return "qwen3";
   refuse_unlearned_or_dropping(m, "GGUF", "llama.cpp");
-  const bool plain =
-      m.scoring_func == "softmax" && m.router_bias_update_rate == 0 && m.n_shared_experts == 0;
+  const bool plain = m.scoring_func == ScoringFunc::softmax && m.router_bias_update_rate == 0 &&
+                     m.n_shared_experts == 0;
   // qwen3moe always renormalises the chosen weights; hy_v3 reads whether to.
   return plain && m.norm_topk_prob ? "qwen3moe" : "hy_v3";
 }
@@ -259,8 +259,9 @@ std::string gguf_architecture(const ModelConfig& m) {
 std::string hf_architecture(const ModelConfig& m) {
   if (!m.use_moe) return "Qwen3ForCausalLM";
   refuse_unlearned_or_dropping(m, "a Hugging Face Qwen3-MoE", "Qwen3-MoE");
-  if (m.scoring_func != "softmax")
-    refuse("model.scoring_func = " + m.scoring_func, "a Hugging Face Qwen3-MoE",
+  if (m.scoring_func != ScoringFunc::softmax)
+    refuse("model.scoring_func = " + std::string(name_of(m.scoring_func)),
+           "a Hugging Face Qwen3-MoE",
            "has no counterpart: Qwen3-MoE scores experts with a softmax");
   if (m.router_bias_update_rate > 0)
     refuse("model.router_bias_update_rate", "a Hugging Face Qwen3-MoE",

@@ -4,7 +4,6 @@
 
 #include <torch/torch.h>
 
-#include <functional>
 #include <vector>
 
 #include "minimind/config.h"
@@ -54,14 +53,15 @@ TORCH_MODULE(MiniMindModel);
 // Generation state: one KV cache per layer.
 using KVCache = std::vector<LayerKVCache>;
 
-// The optimizer step in progress, for the global aux-loss scope (Qwen, Megatron): the
-// assignment counts of the step's earlier micro-batches on every rank, and how to sum this
-// micro-batch's over the ranks. One per optimizer step; without it a forward is a step of
-// one micro-batch on one rank.
-struct StepRouting {
-  torch::Tensor counts;  // [L, E] float64 running sum over the step; undefined at its start
-  double tokens = 0;     // tokens counted in `counts`
-  std::function<void(torch::Tensor&)> sum_over_ranks;  // in place; empty: one rank
+// How a forward runs beyond its inputs; the defaults are a plain forward with the LM head.
+struct ForwardOptions {
+  KVCache* cache = nullptr;  // generation: per-layer KV cache (positions continue after it)
+  // false: stop after the blocks (no logits or loss; the routing analysis only reads the
+  // routers, and the LM head is about half of a tiny model's work)
+  bool head = true;
+  // The inputs are some rows of a micro-batch trained in shards side by side (batch_shard.h):
+  // the losses are this shard's part of the micro-batch's (they add up over the shards).
+  const BatchShard* shard = nullptr;
 };
 
 struct ForwardOutput {
@@ -69,35 +69,27 @@ struct ForwardOutput {
   torch::Tensor loss;    // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
   torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
   torch::Tensor z_loss;    // [] sum over MoE layers of their router z-loss (0 unless on)
-  std::vector<torch::Tensor> layer_aux;  // per MoE layer: [] its aux loss (detached)
-  // per MoE layer: [E] int64 assignments per expert over the non-padding tokens (id != 0)
-  std::vector<torch::Tensor> expert_counts;
-  std::vector<torch::Tensor> layer_z;        // per MoE layer: [] mean lse^2 (learned router)
-  std::vector<torch::Tensor> layer_dropped;  // per MoE layer: [] int64 (capacity on)
-  std::vector<torch::Tensor> layer_keep;     // per MoE layer: [B*T, k] kept (capacity on)
-  // per MoE layer (training): max over the batch's rows of the row's MaxVio (real tokens)
-  std::vector<double> layer_seq_max_vio;
-  std::vector<torch::Tensor> layer_index;  // per MoE layer: [B*T, k] the chosen experts
-  // per MoE layer, learned routers only: [B*T, E] router probabilities (detached) and
-  // [E + 3] float64 their sums over the real tokens (RouterSums)
-  std::vector<torch::Tensor> layer_probs, layer_router;
+  // The routers' statistics, per MoE layer (empty for a dense model): counts over the
+  // non-padding tokens (id != 0), choices, scores, and the scalars of layer_stats.h.
+  std::vector<MoEStats> moe;
+
+  // One tensor of each MoE layer, those defined: per_layer(&MoEStats::counts).
+  std::vector<torch::Tensor> per_layer(torch::Tensor MoEStats::*field) const {
+    std::vector<torch::Tensor> out;
+    for (const MoEStats& m : moe)
+      if ((m.*field).defined()) out.push_back(m.*field);
+    return out;
+  }
 };
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {
  public:
   explicit MiniMindForCausalLMImpl(const ModelConfig& cfg);
 
-  // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional).
-  // cache: per-layer KV cache for generation (positions continue after its length).
-  // step: the optimizer step this forward belongs to (global aux scope; see StepRouting).
-  // head false: stop after the blocks (no logits or loss; the routing analysis only reads
-  // the routers, and the LM head is about half of a tiny model's work).
-  // shard: input_ids are some rows of a micro-batch trained in shards side by side; the
-  // losses are this shard's part of the micro-batch's (they add up over the shards), and
-  // with the global aux scope `step` sums its counts over the shards too.
+  // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional). With the
+  // global aux scope, a training forward's aux loss is completed by GlobalAuxScope.
   ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
-                        KVCache* cache = nullptr, StepRouting* step = nullptr, bool head = true,
-                        const BatchShard* shard = nullptr);
+                        const ForwardOptions& options = {});
 
   // Aux-loss-free balancing after an optimizer step: each MoE layer's bias moves by its
   // counts of the whole step (per layer [E], all micro-batches and ranks).

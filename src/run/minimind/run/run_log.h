@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "minimind/model/layer_stats.h"
 #include "minimind/run/routing_metrics.h"
 
 namespace minimind {
@@ -79,18 +80,16 @@ struct LoadRecord {
   std::vector<double> share;    // c_e / sum c
   double max_vio = 0, cv = 0, entropy = 0, effective_experts = 0, max_share = 0;
   int64_t max_expert = 0;
-  int64_t dead = 0;                    // number of experts with no token
-  std::vector<int64_t> dead_experts;   // which
+  int64_t dead = 0;                   // number of experts with no token
+  std::vector<int64_t> dead_experts;  // which
+  // The step's per-layer statistics (training records; null when unset): the fields
+  // layer_stats.h logs as they are (z, seq_max_vio, bias, grad_lm, grad_balance) under their
+  // own names, and two derived from the others:
+  LayerStats stats;
   std::optional<double> aux_unscaled;  // the layer's aux loss / coef (training, coef > 0)
-  // The balancing lab (training records; null when the method is off):
-  std::optional<double> z;                  // mean_t logsumexp(router logits)^2
-  std::optional<double> dropped;            // fraction of the layer's assignments dropped
-  std::optional<std::vector<double>> bias;  // selection bias per expert after the step
-  std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
+  std::optional<double> dropped;       // fraction of the layer's assignments capacity dropped
   // Is the router learning? (RouterInfo; learned routers only, training and evaluation)
   std::optional<double> token_entropy, marginal_entropy, mi, confidence;
-  // Router gradient by source, ||dLM/dW_gate|| and ||d(aux+z)/dW_gate|| (log steps only)
-  std::optional<double> grad_lm, grad_balance;
 
   static LoadRecord make(int64_t step, int64_t layer, std::string split, const RoutingMetrics& m,
                          std::optional<double> aux_unscaled = {});
@@ -102,10 +101,14 @@ struct LoadRecord {
     f("share", r.share), f("max_vio", r.max_vio), f("cv", r.cv), f("entropy", r.entropy);
     f("effective_experts", r.effective_experts), f("max_share", r.max_share);
     f("max_expert", r.max_expert), f("dead", r.dead), f("dead_experts", r.dead_experts);
-    f("aux_unscaled", r.aux_unscaled), f("z", r.z), f("dropped", r.dropped), f("bias", r.bias);
-    f("seq_max_vio", r.seq_max_vio), f("token_entropy", r.token_entropy);
+    f("aux_unscaled", r.aux_unscaled), f("dropped", r.dropped);
+    LayerStats::fields(
+        [&](const char* name, Combine, Logged logged, auto& v) {
+          if (logged == Logged::as_is) f(name, v);
+        },
+        r.stats);
+    f("token_entropy", r.token_entropy);
     f("marginal_entropy", r.marginal_entropy), f("mi", r.mi), f("confidence", r.confidence);
-    f("grad_lm", r.grad_lm), f("grad_balance", r.grad_balance);
   }
 };
 

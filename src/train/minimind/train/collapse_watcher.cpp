@@ -99,8 +99,7 @@ void CollapseWatcher::on_interval(const IntervalInfo& i) {
     const RoutingMetrics m = routing_metrics(i.counts.layers[l]);
     if (auto ev = detector_.observe(layer, i.record.step, m)) out_.on_collapse(*ev);
     std::optional<double> grad_lm, grad_balance;
-    if (l < i.layer_grad_lm.size())
-      grad_lm = i.layer_grad_lm[l], grad_balance = i.layer_grad_balance[l];
+    if (l < i.layers.size()) grad_lm = i.layers[l].grad_lm, grad_balance = i.layers[l].grad_balance;
     if (auto ev = uninformative_.observe(layer, i.record.step, i.counts.router_info(l), m, grad_lm,
                                          grad_balance))
       out_.on_uninformative(*ev);

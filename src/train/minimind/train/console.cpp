@@ -105,11 +105,11 @@ void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& coun
     }
     std::string row = load_row(static_cast<int64_t>(l), m);
     if (l < counts.router.size()) row += "  " + router_row(counts.router_info(l));
-    if (interval && l < interval->layer_z.size())
-      row += fmt::format("  z {:.2f}", interval->layer_z[l]);
-    if (interval && l < interval->layer_grad_lm.size())
-      row += fmt::format("  ∇lm {:.1e} ∇bal {:.1e}", interval->layer_grad_lm[l],
-                         interval->layer_grad_balance[l]);
+    const LayerStats* stats =
+        interval && l < interval->layers.size() ? &interval->layers[l] : nullptr;
+    if (stats && stats->z) row += fmt::format("  z {:.2f}", *stats->z);
+    if (stats && stats->grad_lm)
+      row += fmt::format("  ∇lm {:.1e} ∇bal {:.1e}", *stats->grad_lm, *stats->grad_balance);
     log_.info("  {}{}", prefix, row);
   }
   // The status line's throughput counts from here: log lines and evaluations are not training.

@@ -1,22 +1,84 @@
 #include "minimind/train/interval_window.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace minimind {
+namespace {
+
+// The interval's figures from its sums: mean fields divided by the steps, the others as
+// summed (sum), the largest (max) or the newest (last).
+std::vector<LayerStats> interval_means(std::vector<LayerStats> sums, double steps) {
+  for (LayerStats& l : sums)
+    LayerStats::fields(
+        [steps](const char*, Combine how, Logged, auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if (how != Combine::mean) return;
+          if constexpr (layer_stats::is_optional<T>::value) {
+            if constexpr (std::is_arithmetic_v<typename T::value_type>)
+              if (v) *v /= steps;
+          } else if constexpr (std::is_arithmetic_v<T>) {
+            v /= steps;
+          }
+        },
+        l);
+  return sums;
+}
+
+nlohmann::json layers_json(const std::vector<LayerStats>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LayerStats& l : layers) {
+    nlohmann::json j = nlohmann::json::object();
+    LayerStats::fields(
+        [&](const char* name, Combine, Logged, const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (layer_stats::is_optional<T>::value) {
+            j[name] = v ? nlohmann::json(*v) : nlohmann::json();
+          } else {
+            j[name] = v;
+          }
+        },
+        l);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::vector<LayerStats> layers_from(const nlohmann::json& j) {
+  std::vector<LayerStats> out(j.size());
+  for (size_t i = 0; i < j.size(); ++i)
+    LayerStats::fields(
+        [&](const char* name, Combine, Logged, auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if (!j[i].contains(name) || j[i][name].is_null()) return;
+          if constexpr (layer_stats::is_optional<T>::value) {
+            v = j[i][name].get<typename T::value_type>();
+          } else {
+            j[i][name].get_to(v);
+          }
+        },
+        out[i]);
+  return out;
+}
+
+}  // namespace
 
 void IntervalWindow::on_step(const StepInfo& s) {
   const StepStats& st = *s.stats;
   loss_ += st.loss, lm_ += st.lm_loss, aux_ += st.aux_loss, grad_norm_ += st.grad_norm;
   z_ += st.z_loss, comm_ += st.comm_seconds;
-  if (!st.layer_dropped.empty()) {
-    for (int64_t d : st.layer_dropped) dropped_ += d;
+  z_loss_on_ = z_loss_on_ || st.z_loss_on;
+  const bool drops = std::any_of(st.layers.begin(), st.layers.end(),
+                                 [](const LayerStats& l) { return l.dropped.has_value(); });
+  if (drops) {
+    for (const LayerStats& l : st.layers) dropped_ += l.dropped.value_or(0);
     for (const auto& layer : st.counts.layers)
       for (int64_t c : layer) assigned_ += c;
   }
   ++steps_;
   tokens_ += st.tokens;
   counts_.add(st.counts);
-  add_sums(layer_z_, st.layer_z);
+  layer_stats::add(layers_, st.layers, 1.0);
   if (s.step % interval_ != 0 && s.step != s.max_steps) return;
 
   const double n = static_cast<double>(steps_);
@@ -31,23 +93,30 @@ void IntervalWindow::on_step(const StepInfo& s) {
   if (z_loss_on_) r.z_loss = z_ / n;
   if (assigned_ > 0) r.dropped = static_cast<double>(dropped_) / static_cast<double>(assigned_);
   info.counts = std::move(counts_);
-  for (double z : layer_z_) info.layer_z.push_back(z / n);
-  info.layer_grad_lm = st.layer_grad_lm, info.layer_grad_balance = st.layer_grad_balance;
+  info.layers = interval_means(std::move(layers_), n);
   // The next interval starts empty.
   loss_ = lm_ = aux_ = z_ = grad_norm_ = comm_ = 0;
   steps_ = tokens_ = dropped_ = assigned_ = 0;
   counts_ = ExpertCounts{};
-  layer_z_.clear();
+  layers_.clear();
   clock_.restart();
   out_.on_interval(info);
 }
 
 void IntervalWindow::save_state(nlohmann::json& into) const {
-  into["interval"] = {{"loss", loss_},       {"lm_loss", lm_},          {"aux_loss", aux_},
-                      {"z_loss", z_},        {"grad_norm", grad_norm_}, {"comm_seconds", comm_},
-                      {"steps", steps_},     {"tokens", tokens_},       {"counts", counts_.layers},
-                      {"dropped", dropped_}, {"assigned", assigned_},   {"router", counts_.router},
-                      {"layer_z", layer_z_}};
+  into["interval"] = {{"loss", loss_},
+                      {"lm_loss", lm_},
+                      {"aux_loss", aux_},
+                      {"z_loss", z_},
+                      {"grad_norm", grad_norm_},
+                      {"comm_seconds", comm_},
+                      {"steps", steps_},
+                      {"tokens", tokens_},
+                      {"counts", counts_.layers},
+                      {"dropped", dropped_},
+                      {"assigned", assigned_},
+                      {"router", counts_.router},
+                      {"layers", layers_json(layers_)}};
 }
 
 void IntervalWindow::restore_state(const nlohmann::json& from) {
@@ -63,7 +132,13 @@ void IntervalWindow::restore_state(const nlohmann::json& from) {
   dropped_ = w.value("dropped", int64_t{0}), assigned_ = w.value("assigned", int64_t{0});
   // ... nor router sums.
   counts_.router = w.value("router", std::vector<RouterSums>{});
-  layer_z_ = w.value("layer_z", std::vector<double>{});
+  if (w.contains("layers")) {
+    layers_ = layers_from(w.at("layers"));
+  } else {  // checkpoints from before LayerStats kept only the z sums
+    const auto z = w.value("layer_z", std::vector<double>{});
+    layers_.assign(z.size(), LayerStats{});
+    for (size_t l = 0; l < z.size(); ++l) layers_[l].z = z[l];
+  }
 }
 
 }  // namespace minimind

@@ -10,10 +10,10 @@ namespace minimind {
 class IntervalWindow : public Observer {
  public:
   // `out`: where the IntervalInfo goes (all observers). multi_rank: report all-reduce time.
-  // z_loss_on: report the router z-loss (the dropped fraction is reported when steps
-  // report drops, i.e. with a capacity).
-  IntervalWindow(int64_t interval, Observer& out, bool multi_rank, bool z_loss_on = false)
-      : interval_(interval), out_(out), multi_rank_(multi_rank), z_loss_on_(z_loss_on) {}
+  // The router z-loss is reported when the steps train one, the dropped fraction when they
+  // report drops (a capacity).
+  IntervalWindow(int64_t interval, Observer& out, bool multi_rank)
+      : interval_(interval), out_(out), multi_rank_(multi_rank) {}
   void on_step(const StepInfo& s) override;
   // Evaluation time is not training throughput.
   void on_eval(const EvalInfo&) override { clock_.restart(); }
@@ -24,14 +24,14 @@ class IntervalWindow : public Observer {
  private:
   int64_t interval_;
   Observer& out_;
-  bool multi_rank_, z_loss_on_;
+  bool multi_rank_, z_loss_on_ = false;
   double loss_ = 0, lm_ = 0, aux_ = 0, z_ = 0, grad_norm_ = 0, comm_ = 0;
   int64_t steps_ = 0, tokens_ = 0;
   // Capacity: dropped and all assignments, all layers; both stay 0 while no step reports
   // drops (no capacity), and then the interval has no dropped fraction.
   int64_t dropped_ = 0, assigned_ = 0;
   ExpertCounts counts_;
-  std::vector<double> layer_z_;  // per layer, summed over the interval's steps
+  std::vector<LayerStats> layers_;  // per MoE layer, summed over the interval's steps
   Stopwatch clock_;
 };
 

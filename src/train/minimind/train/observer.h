@@ -45,10 +45,10 @@ struct StepInfo {
 // Every log.interval steps and at the last step: means over the interval's steps.
 struct IntervalInfo {
   TrainRecord record;
-  ExpertCounts counts;          // summed over the interval (with the router sums)
-  std::vector<double> layer_z;  // per MoE layer: router z, mean over the interval's steps
-  // per MoE layer, at the interval's last step: the router gradient by source
-  std::vector<double> layer_grad_lm, layer_grad_balance;
+  ExpertCounts counts;  // summed over the interval (with the router sums)
+  // per MoE layer over the interval's steps, as layer_stats.h combines them (z: the mean;
+  // the router gradient by source: the last step's)
+  std::vector<LayerStats> layers;
 };
 
 // After each evaluation of the validation split.

@@ -7,19 +7,14 @@ namespace minimind {
 void RunLogObserver::on_step(const StepInfo& s) {
   const StepStats& st = *s.stats;
   for (size_t l = 0; l < st.counts.layers.size(); ++l) {
-    std::optional<double> aux;
-    if (aux_coef_ > 0) aux = st.layer_aux[l] / aux_coef_;
     const RoutingMetrics m = routing_metrics(st.counts.layers[l]);
-    LoadRecord r = LoadRecord::make(s.step, static_cast<int64_t>(l), "train", m, aux);
-    if (l < st.layer_z.size()) r.z = st.layer_z[l];
-    if (l < st.layer_dropped.size())
-      r.dropped = static_cast<double>(st.layer_dropped[l]) /
+    LoadRecord r = LoadRecord::make(s.step, static_cast<int64_t>(l), "train", m);
+    if (l < st.layers.size()) r.stats = st.layers[l];
+    if (aux_coef_ > 0) r.aux_unscaled = r.stats.aux / aux_coef_;
+    if (r.stats.dropped)
+      r.dropped = static_cast<double>(*r.stats.dropped) /
                   static_cast<double>(std::max<int64_t>(1, m.total));
-    if (l < st.layer_bias.size()) r.bias = st.layer_bias[l];
-    if (l < st.layer_seq_max_vio.size()) r.seq_max_vio = st.layer_seq_max_vio[l];
     r.set_router(st.counts.router_info(l));
-    if (l < st.layer_grad_lm.size())
-      r.grad_lm = st.layer_grad_lm[l], r.grad_balance = st.layer_grad_balance[l];
     writer_.write(r);
   }
 }

@@ -54,9 +54,9 @@ void TensorBoardObserver::on_interval(const IntervalInfo& i) {
       w.scalar(p + "max_share", r.step, m.max_share);
       w.scalar(p + "dead_experts", r.step, static_cast<double>(m.dead.size()));
       if (l < i.counts.router.size()) w.scalar(p + "mi", r.step, i.counts.router_info(l).mi);
-      if (l < i.layer_grad_lm.size()) {
-        w.scalar(p + "grad_lm", r.step, i.layer_grad_lm[l]);
-        w.scalar(p + "grad_balance", r.step, i.layer_grad_balance[l]);
+      if (l < i.layers.size() && i.layers[l].grad_lm) {
+        w.scalar(p + "grad_lm", r.step, *i.layers[l].grad_lm);
+        w.scalar(p + "grad_balance", r.step, *i.layers[l].grad_balance);
       }
       w.expert_histogram(p + "expert_load", r.step, i.counts.layers[l]);
     }

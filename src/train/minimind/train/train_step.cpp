@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
 
+#include "minimind/model/balancing/global_aux_scope.h"
 #include "minimind/train/optim.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/side_by_side.h"
@@ -12,37 +14,57 @@
 namespace minimind {
 namespace {
 
-// Adds `from` to `into` elementwise, growing `into` to its size.
-template <class T>
-void accumulate(std::vector<T>& into, const std::vector<T>& from) {
-  into.resize(from.size(), T{});
-  for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
-}
-
-// Means of the losses, sums of counts, dropped assignments and tokens, and the maximum
-// of the sequence spread over the ranks (three small all-reduces).
+// Means of the losses, sums of counts, dropped assignments and tokens, and the maxima over
+// the ranks, as each LayerStats field combines (three small all-reduces).
 void reduce_stats(StepStats& s, Distributed& dist) {
-  std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss};  // [3 + 2 x MoE layers]
-  means.insert(means.end(), s.layer_aux.begin(), s.layer_aux.end());
-  means.insert(means.end(), s.layer_z.begin(), s.layer_z.end());
+  std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss};
+  std::vector<int64_t> totals{s.tokens};
+  std::vector<double> maxima;
+  // Gathers (put = false) or puts back each layer's mean, sum and max fields in one order.
+  auto walk = [&](bool put) {
+    size_t im = 3, it = 1, ix = 0;
+    for (LayerStats& l : s.layers)
+      LayerStats::fields(
+          [&](const char*, Combine how, Logged, auto& v) {
+            using T = std::decay_t<decltype(v)>;
+            auto one = [&](auto& x) {
+              using V = std::decay_t<decltype(x)>;
+              if constexpr (std::is_floating_point_v<V>) {
+                std::vector<double>& into = how == Combine::max ? maxima : means;
+                size_t& i = how == Combine::max ? ix : im;
+                if (how == Combine::last) return;  // alike on every rank
+                if (put)
+                  x = into[i++];
+                else
+                  into.push_back(x);
+              } else if constexpr (std::is_integral_v<V>) {
+                if (put)
+                  x = totals[it++];
+                else
+                  totals.push_back(x);
+              }
+            };
+            if constexpr (layer_stats::is_optional<T>::value) {
+              if (v) one(*v);
+            } else {
+              one(v);
+            }
+          },
+          l);
+  };
+  walk(false);
   dist.all_reduce_sum(means);
   const double world = dist.world_size();
   for (double& m : means) m /= world;
-  s.lm_loss = means[0], s.aux_loss = means[1], s.z_loss = means[2];
-  std::copy_n(means.begin() + 3, s.layer_aux.size(), s.layer_aux.begin());
-  std::copy_n(means.begin() + 3 + static_cast<long>(s.layer_aux.size()), s.layer_z.size(),
-              s.layer_z.begin());
-  std::vector<int64_t> totals{s.tokens};
-  totals.insert(totals.end(), s.layer_dropped.begin(), s.layer_dropped.end());
   sum_over_ranks(s.counts, totals, dist);
-  s.tokens = totals[0];
-  std::copy(totals.begin() + 1, totals.end(), s.layer_dropped.begin());
-  if (!s.layer_seq_max_vio.empty()) {
-    torch::Tensor spread = torch::tensor(s.layer_seq_max_vio, torch::kFloat64);  // [L]
+  if (!maxima.empty()) {
+    torch::Tensor spread = torch::tensor(maxima, torch::kFloat64);  // [fields]
     dist.all_reduce_max(spread);
-    s.layer_seq_max_vio.assign(spread.data_ptr<double>(),
-                               spread.data_ptr<double>() + spread.numel());
+    maxima.assign(spread.data_ptr<double>(), spread.data_ptr<double>() + spread.numel());
   }
+  s.lm_loss = means[0], s.aux_loss = means[1], s.z_loss = means[2];
+  s.tokens = totals[0];
+  walk(true);
 }
 
 std::vector<double> to_doubles(const torch::Tensor& t) {
@@ -88,8 +110,9 @@ class RouterGradProbe {
         dist->all_reduce_sum(balance);
         balance = balance / static_cast<double>(dist->world_size());
       }
-      s.layer_grad_balance.push_back(balance.norm().item<double>());
-      s.layer_grad_lm.push_back((total - balance).norm().item<double>());
+      LayerStats& layer = s.layers.at(l);
+      layer.grad_balance = balance.norm().item<double>();
+      layer.grad_lm = (total - balance).norm().item<double>();
     }
     s.router_grad_seconds = seconds_ + clock.seconds();
   }
@@ -106,19 +129,11 @@ void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, dou
   s.lm_loss += out.loss.item<double>() / A;
   s.aux_loss += out.aux_loss.item<double>() / A;
   s.z_loss += out.z_loss.item<double>() / A;
-  std::vector<double> aux, z;
-  std::vector<int64_t> dropped;
-  for (const auto& t : out.layer_aux) aux.push_back(t.item<double>() / A);
-  for (const auto& t : out.layer_z) z.push_back(t.item<double>() / A);
-  for (const auto& t : out.layer_dropped) dropped.push_back(t.item<int64_t>());
-  accumulate(s.layer_aux, aux);
-  accumulate(s.layer_z, z);
-  add_counts(s.layer_dropped, dropped);
-  s.layer_seq_max_vio.resize(out.layer_seq_max_vio.size(), 0.0);
-  for (size_t l = 0; l < out.layer_seq_max_vio.size(); ++l)
-    s.layer_seq_max_vio[l] = std::max(s.layer_seq_max_vio[l], out.layer_seq_max_vio[l]);
-  s.counts.add(out.expert_counts);
-  s.counts.add_router(out.layer_router);
+  std::vector<LayerStats> layers;
+  for (const MoEStats& m : out.moe) layers.push_back(m.stats);
+  layer_stats::add(s.layers, layers, A);
+  s.counts.add(out.per_layer(&MoEStats::counts));
+  s.counts.add_router(out.per_layer(&MoEStats::router_sums));
   s.tokens += tokens;
 }
 
@@ -129,8 +144,8 @@ void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, dou
 // run after run, and within float rounding of the unsplit micro-batch (tested).
 class ShardedMicroBatches {
  public:
-  ShardedMicroBatches(int shards, std::vector<torch::Tensor> params, const StepRouting& routing)
-      : group_(shards), params_(std::move(params)), routing_(static_cast<size_t>(shards), routing) {
+  ShardedMicroBatches(int shards, std::vector<torch::Tensor> params, const GlobalAuxScope& scope)
+      : group_(shards), params_(std::move(params)), scopes_(static_cast<size_t>(shards), scope) {
     for (size_t i = 0; i < params_.size(); ++i) order_.push_back(static_cast<int64_t>(i));
     std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
       return params_[static_cast<size_t>(a)].numel() > params_[static_cast<size_t>(b)].numel();
@@ -155,8 +170,10 @@ class ShardedMicroBatches {
       const BatchShard shard{i, &group_, B, B * T, targets};
       Part& p = parts[static_cast<size_t>(i)];
       const Stopwatch clock;
-      p.out = model(batch.input_ids.narrow(0, r0, rows), batch.labels.narrow(0, r0, rows), nullptr,
-                    &routing_[static_cast<size_t>(i)], /*head=*/true, &shard);
+      ForwardOptions fo;
+      fo.shard = &shard;
+      p.out = model(batch.input_ids.narrow(0, r0, rows), batch.labels.narrow(0, r0, rows), fo);
+      scopes_[static_cast<size_t>(i)].add_to(p.out, rows * T, &shard);
       p.forward_seconds = clock.seconds();
       if (probe) {
         const Stopwatch probe_clock;
@@ -193,8 +210,8 @@ class ShardedMicroBatches {
  private:
   ShardGroup group_;
   std::vector<torch::Tensor> params_;
-  std::vector<int64_t> order_;        // parameters, the largest first (run_blas_tasks)
-  std::vector<StepRouting> routing_;  // one per shard (global aux scope), kept alike
+  std::vector<int64_t> order_;          // parameters, the largest first (run_blas_tasks)
+  std::vector<GlobalAuxScope> scopes_;  // one per shard, kept alike
 };
 
 }  // namespace
@@ -202,39 +219,41 @@ class ShardedMicroBatches {
 int batch_shards(const ModelConfig& model, int64_t batch_size, int threads) {
   if (threads < 2 || batch_size < 2) return 1;
   if (model.dropout > 0) return 1;  // masks drawn from torch's one generator, in order
-  if (model.use_moe && (model.capacity_factor > 0 || model.router == "random"))
+  if (model.use_moe && (model.capacity_factor > 0 || model.router == RouterKind::random))
     return 1;  // capacity ranks the whole batch's tokens; the random router draws
   return static_cast<int>(std::min<int64_t>(threads, batch_size));
 }
 
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
-                         const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr, Distributed* dist, bool router_grads,
-                         int shards) {
+                         const std::function<Batch()>& next_batch, const StepOptions& o) {
+  Distributed* dist = o.dist;
   for (auto& group : optimizer.param_groups())
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(o.lr);
   StepStats s;
-  const double A = static_cast<double>(accumulation_steps);
+  const double A = static_cast<double>(o.accumulation_steps);
+  s.z_loss_on = model->config().use_moe && model->config().router_z_loss_coef > 0;
   // The global aux scope counts over every micro-batch of this step on every rank.
-  StepRouting routing;
+  std::function<void(torch::Tensor&)> sum_over_ranks;
   if (dist && dist->world_size() > 1)
-    routing.sum_over_ranks = [dist](torch::Tensor& t) { dist->all_reduce_sum(t); };
+    sum_over_ranks = [dist](torch::Tensor& t) { dist->all_reduce_sum(t); };
+  GlobalAuxScope scope(model->config(), sum_over_ranks);
   std::optional<RouterGradProbe> probe;
-  if (router_grads) probe.emplace(model);
+  if (o.router_grads) probe.emplace(model);
   std::vector<torch::Tensor> params;
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params()) params.push_back(p);
   std::optional<ShardedMicroBatches> sharded;
-  if (shards > 1) sharded.emplace(shards, params, routing);
+  if (o.shards > 1) sharded.emplace(o.shards, params, scope);
   const Stopwatch micro_clock;
-  for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
+  for (int64_t micro = 0; micro < o.accumulation_steps; ++micro) {
     Batch batch = next_batch();
     if (sharded) {
       sharded->run(model, batch, A, probe ? &*probe : nullptr, s);
       continue;
     }
     const Stopwatch forward_clock;
-    ForwardOutput out = model(batch.input_ids, batch.labels, nullptr, &routing);
+    ForwardOutput out = model(batch.input_ids, batch.labels);
+    scope.add_to(out, batch.input_ids.numel());
     s.forward_seconds += forward_clock.seconds();
     if (probe) probe->add((out.aux_loss + out.z_loss) / A);
     ((out.loss + out.aux_loss + out.z_loss) / A).backward();
@@ -250,7 +269,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   }
   if (probe) probe->split(s, dist);
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
-  s.grad_norm = clip_gradients(params, grad_clip);
+  s.grad_norm = clip_gradients(params, o.grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) {
     optimizer.step();
@@ -259,7 +278,8 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     model->update_router_bias(s.counts.layers);
   }
   clear_gradients(params);
-  for (const auto& b : model->router_biases()) s.layer_bias.push_back(to_doubles(b));
+  const auto biases = model->router_biases();
+  for (size_t l = 0; l < biases.size(); ++l) s.layers.at(l).bias = to_doubles(biases[l]);
   return s;
 }
 

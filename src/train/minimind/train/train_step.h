@@ -15,23 +15,30 @@
 
 namespace minimind {
 
+struct StepOptions {
+  int64_t accumulation_steps = 1;
+  double grad_clip = 1.0;  // 0: no clipping
+  double lr = 0;
+  // Several ranks: after the last micro-batch the gradients are averaged over the ranks
+  // (once per optimizer step, as DDP with no_sync does), losses and aux losses are averaged
+  // and expert counts and tokens summed, so every rank returns the same StepStats and takes
+  // the same step.
+  Distributed* dist = nullptr;
+  // Also measure, per MoE layer with a learned router, the norms of the router weight's
+  // gradient from the LM loss and from the balancing losses (aux + z) apart
+  // (LayerStats::grad_lm / grad_balance); the trainer asks at log steps only.
+  bool router_grads = false;
+  // > 1: each micro-batch is trained in that many row ranges side by side, one core each
+  // (side_by_side.h); the losses, counts and gradients are the micro-batch's within float
+  // rounding, and the same bits run after run. batch_shards() says how many to use.
+  int shards = 1;
+};
+
 // Sets the learning rate, runs the micro-batches and, if loss and gradient norm are
 // finite, clips and steps (then zeroes the gradients). A non-finite step changes no
 // parameter, so the caller can stop with the last good state intact.
-// With `dist` (several ranks): after the last micro-batch the gradients are averaged over
-// the ranks (once per optimizer step, as DDP with no_sync does), losses and aux losses are
-// averaged and expert counts and tokens summed, so every rank returns the same StepStats
-// and takes the same step.
-// router_grads: also measure, per MoE layer with a learned router, the norms of the router
-// weight's gradient from the LM loss and from the balancing losses (aux + z) apart
-// (StepStats::layer_grad_lm / layer_grad_balance); the trainer asks at log steps only.
-// shards > 1: each micro-batch is trained in that many row ranges side by side, one core
-// each (side_by_side.h); the losses, counts and gradients are the micro-batch's within
-// float rounding, and the same bits run after run. batch_shards() says how many to use.
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
-                         const std::function<Batch()>& next_batch, int64_t accumulation_steps,
-                         double grad_clip, double lr, Distributed* dist = nullptr,
-                         bool router_grads = false, int shards = 1);
+                         const std::function<Batch()>& next_batch, const StepOptions& options);
 
 // How many shards a micro-batch of `batch_size` rows is trained in on `threads` cores: one
 // per thread (at most one per row), or 1 when a step draws from torch's one generator in

@@ -71,8 +71,7 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   // report), the console, rank 0's logs, collapse watcher and checkpointer, the evaluator
   // (every rank takes part), then the caller's observers.
   Observers bus;
-  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1,
-                        cfg.model.use_moe && cfg.model.router_z_loss_coef > 0);
+  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1);
   ConsoleObserver console(*s->log, main_rank, cfg.log.console == "full");
   std::optional<RunLogObserver> logs;
   std::optional<CollapseWatcher> watcher;
@@ -126,9 +125,11 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     // The router gradient by source is measured at log steps only (it costs a little).
     const int64_t next = state.step + 1;
     const bool log_step = next % cfg.log.interval == 0 || next == tc.max_steps;
+    StepOptions so;
+    so.accumulation_steps = tc.accumulation_steps, so.grad_clip = tc.grad_clip, so.lr = lr;
+    so.dist = &dist, so.router_grads = log_step && cfg.model.use_moe, so.shards = s->shards;
     const StepStats st = optimizer_step(
-        s->model, *s->optimizer, [&] { return s->sampler->next(); }, tc.accumulation_steps,
-        tc.grad_clip, lr, &dist, log_step && cfg.model.use_moe, s->shards);
+        s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
     result.comm_seconds += st.comm_seconds;
     result.router_grad_seconds += st.router_grad_seconds;
     // A non-finite step changed no weight: stop with the last checkpoint intact.

@@ -1,0 +1,66 @@
+// The config's closed choices as enums, with the one table of their YAML names. Parsed
+// once (config_yaml.cpp): a value outside the table is a config error naming key and line,
+// and code compares enums, so a misspelt choice cannot compile into a default branch.
+#pragma once
+
+#include <array>
+#include <string>
+
+namespace minimind {
+
+// model.aux_loss_scope: over which tokens the aux loss's expert shares f_e are counted.
+enum class AuxScope { batch, sequence, global };
+// model.scoring_func: the router's scores (softmax over experts, or DeepSeek-V3's sigmoid).
+enum class ScoringFunc { softmax, sigmoid };
+// model.capacity_drop_policy: which assignments over an expert's capacity are dropped.
+enum class DropPolicy { probs, position };
+// model.router: the learned router, or a control that routes without a score.
+enum class RouterKind { learned, random, hash };
+
+// choice_names<E>(): the YAML name of each value, in the enum's order.
+template <class E>
+struct ChoiceNames;
+template <>
+struct ChoiceNames<AuxScope> {
+  static constexpr std::array<const char*, 3> names{"batch", "sequence", "global"};
+};
+template <>
+struct ChoiceNames<ScoringFunc> {
+  static constexpr std::array<const char*, 2> names{"softmax", "sigmoid"};
+};
+template <>
+struct ChoiceNames<DropPolicy> {
+  static constexpr std::array<const char*, 2> names{"probs", "position"};
+};
+template <>
+struct ChoiceNames<RouterKind> {
+  static constexpr std::array<const char*, 3> names{"learned", "random", "hash"};
+};
+
+template <class E>
+const char* name_of(E value) {
+  return ChoiceNames<E>::names[static_cast<size_t>(value)];
+}
+
+// The value named `name`; false when the table has no such name.
+template <class E>
+bool parse_choice(const std::string& name, E& out) {
+  const auto& names = ChoiceNames<E>::names;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (name == names[i]) {
+      out = static_cast<E>(i);
+      return true;
+    }
+  return false;
+}
+
+// "\"batch\", \"sequence\", \"global\"" for messages.
+template <class E>
+std::string choice_list() {
+  std::string out;
+  for (const char* n : ChoiceNames<E>::names)
+    out += (out.empty() ? "\"" : ", \"") + std::string(n) + "\"";
+  return out;
+}
+
+}  // namespace minimind

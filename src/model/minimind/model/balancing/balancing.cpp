@@ -1,0 +1,127 @@
+#include "minimind/model/balancing/balancing.h"
+
+#include <cmath>
+
+#include "minimind/model/balancing/global_aux_scope.h"
+
+namespace minimind {
+
+torch::Tensor aux_loss(const BalancingOptions& b, const torch::Tensor& index,
+                       const torch::Tensor& probs, int64_t rows, int64_t num_experts,
+                       const BatchShard* shard) {
+  const int64_t k = index.size(1);
+  const auto E = static_cast<double>(num_experts);
+  if (b.aux_scope == AuxScope::sequence) {
+    // MiniMind2 seq_aux / DeepSeek-V3: ce[b,e] = count of b's (t, slot) on e / (S*k/E).
+    const int64_t S = index.size(0) / rows;
+    torch::Tensor ce = torch::zeros({rows, num_experts}, probs.options());  // [B, E]
+    ce.scatter_add_(1, index.reshape({rows, S * k}), torch::ones({rows, S * k}, probs.options()));
+    ce.div_(static_cast<double>(S * k) / E);
+    torch::Tensor p = probs.view({rows, S, num_experts}).mean(1);  // [B, E]
+    torch::Tensor per_row = (ce * p).sum(1);                       // [B]
+    // A shard's rows are whole sequences: its part of the mean over all rows.
+    return (shard ? per_row.sum() / static_cast<double>(shard->rows) : per_row.mean()) * b.aux_coef;
+  }
+  TORCH_CHECK(b.aux_scope == AuxScope::batch, "the global aux scope is GlobalAuxScope's");
+  // load[j][e] = share of tokens whose slot j chose e: counted with bincount over j*E + e
+  // (the same integers and division as one_hot(...).mean(0), without the [N, k, E] tensor).
+  // A shard: the shares over the whole micro-batch (counts summed over the shards), times
+  // this shard's part of the mean score.
+  const int64_t N = shard ? shard->tokens : index.size(0);
+  torch::Tensor slot_expert = index + torch::arange(k, index.options()) * num_experts;
+  torch::Tensor counts = torch::bincount(slot_expert.reshape({-1}), {}, k * num_experts);  // [k*E]
+  if (shard) shard->sum(counts);
+  torch::Tensor load =
+      counts.view({k, num_experts}).to(torch::kFloat32) / static_cast<double>(N);  // [k, E]
+  torch::Tensor mean_probs = shard ? probs.sum(0) / static_cast<double>(N) : probs.mean(0);  // [E]
+  return (load * mean_probs).sum() * E * b.aux_coef;
+}
+
+torch::Tensor capacity_keep(const BalancingOptions& b, const torch::Tensor& index,
+                            const torch::Tensor& weight, int64_t num_experts) {
+  const int64_t N = index.size(0), k = index.size(1), E = num_experts;
+  const auto capacity = static_cast<int64_t>(
+      std::ceil(b.capacity_factor * static_cast<double>(k * N) / static_cast<double>(E)));
+  torch::Tensor flat = index.reshape({-1});  // [N*k] in token order, slots inside a token
+  // Rank the assignments inside each expert: "position" keeps token order, "probs" orders
+  // by routing weight first (a stable sort, so equal weights keep token order).
+  torch::Tensor order;
+  if (b.drop_policy == DropPolicy::probs) {
+    torch::Tensor by_weight = std::get<1>(
+        torch::sort(weight.detach().reshape({-1}), /*stable=*/true, 0, /*descending=*/true));
+    torch::Tensor within =
+        std::get<1>(torch::sort(flat.index_select(0, by_weight), true, 0, false));
+    order = by_weight.index_select(0, within);  // [N*k] grouped by expert
+  } else {
+    order = std::get<1>(torch::sort(flat, /*stable=*/true, 0, false));
+  }
+  torch::Tensor counts = torch::bincount(flat, {}, E);        // [E]
+  torch::Tensor starts = torch::cumsum(counts, 0) - counts;   // [E] first slot of each expert
+  torch::Tensor sorted_expert = flat.index_select(0, order);  // [N*k]
+  torch::Tensor rank = torch::arange(flat.size(0)) - starts.index_select(0, sorted_expert);
+  torch::Tensor keep = torch::zeros({flat.size(0)}, torch::kBool);
+  keep.index_put_({order}, rank < capacity);
+  return keep.view(index.sizes());  // [N, k]
+}
+
+void update_selection_bias(torch::Tensor& bias, const std::vector<int64_t>& step_counts,
+                           double rate) {
+  TORCH_CHECK(static_cast<int64_t>(step_counts.size()) == bias.size(0), "expected ", bias.size(0),
+              " counts, got ", step_counts.size());
+  torch::NoGradGuard no_grad;
+  torch::Tensor c = torch::tensor(step_counts, torch::kInt64).to(torch::kFloat32);  // [E]
+  bias.add_(torch::sign(c.mean() - c) * rate);
+}
+
+double sequence_max_vio(const torch::Tensor& index, const torch::Tensor& real, int64_t rows,
+                        int64_t num_experts) {
+  // c[b][e]: assignments of row b's real tokens to e, a bincount over b*E + e.
+  const int64_t N = index.size(0), k = index.size(1);
+  torch::Tensor row = torch::arange(N, index.options()).div(N / rows, "floor");  // [N]
+  torch::Tensor bin = (index + (row * num_experts).unsqueeze(1)).reshape({-1});  // [N*k]
+  if (real.defined()) bin = bin.masked_select(real.unsqueeze(1).expand({N, k}).reshape({-1}));
+  torch::Tensor c = torch::bincount(bin, {}, rows * num_experts)
+                        .view({rows, num_experts})
+                        .to(torch::kFloat64);  // [B, E]
+  torch::Tensor mean = c.mean(1);              // [B]
+  torch::Tensor used = mean > 0;
+  if (!used.any().item<bool>()) return 0.0;
+  torch::Tensor vio = (std::get<0>(c.max(1)) - mean) / mean;  // [B]
+  return vio.masked_select(used).max().item<double>();
+}
+
+GlobalAuxScope::GlobalAuxScope(const ModelConfig& cfg,
+                               std::function<void(torch::Tensor&)> sum_over_ranks)
+    : num_experts_(cfg.num_experts),
+      coef_(cfg.router_aux_loss_coef),
+      sum_over_ranks_(std::move(sum_over_ranks)) {}
+
+void GlobalAuxScope::add_to(ForwardOutput& out, int64_t tokens, const BatchShard* shard) {
+  std::vector<torch::Tensor> route_counts;  // [E] float64 per MoE layer
+  for (const MoEStats& m : out.moe)
+    if (m.route_counts.defined()) route_counts.push_back(m.route_counts);
+  if (route_counts.empty()) return;  // not the global scope, not training, or coef 0
+  TORCH_CHECK(route_counts.size() == out.moe.size(), "global aux scope on some layers only");
+  torch::Tensor local =
+      torch::cat({torch::stack(route_counts).reshape({-1}),
+                  torch::full({1}, static_cast<double>(tokens), torch::kFloat64)});  // [L*E + 1]
+  if (shard) {
+    shard->sum(local, sum_over_ranks_);
+  } else if (sum_over_ranks_) {
+    sum_over_ranks_(local);
+  }
+  const auto L = static_cast<int64_t>(route_counts.size());
+  torch::Tensor counts = local.narrow(0, 0, L * num_experts_).view({L, num_experts_});  // [L, E]
+  counts_ = counts_.defined() ? counts_ + counts : counts;
+  tokens_ += local[L * num_experts_].item<double>();
+  torch::Tensor f = (counts_ / tokens_).to(torch::kFloat32);  // [L, E]
+  for (int64_t l = 0; l < L; ++l) {
+    MoEStats& m = out.moe[static_cast<size_t>(l)];
+    torch::Tensor aux =
+        (f[l] * m.probs_mean).sum() * static_cast<double>(num_experts_) * coef_;  // []
+    out.aux_loss = out.aux_loss + aux;
+    m.stats.aux = aux.item<double>();
+  }
+}
+
+}  // namespace minimind

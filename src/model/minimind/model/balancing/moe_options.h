@@ -1,0 +1,49 @@
+// What a MoE layer is built from: the slice of ModelConfig it reads, resolved once, so the
+// module holds its own options rather than the whole model's config.
+#pragma once
+
+#include <cstdint>
+
+#include "minimind/choices.h"
+#include "minimind/config.h"
+
+namespace minimind {
+
+// The balancing lab's switches (docs/moe-routing.md, "Balancing methods, exactly"); every
+// default is MiniMind-3's routing.
+struct BalancingOptions {
+  AuxScope aux_scope = AuxScope::batch;
+  double aux_coef = 5e-4;      // router_aux_loss_coef
+  double z_coef = 0;           // router_z_loss_coef
+  double bias_rate = 0;        // router_bias_update_rate: aux-loss-free selection bias
+  double capacity_factor = 0;  // 0: dropless; else C = ceil(cf * k * T / E)
+  DropPolicy drop_policy = DropPolicy::probs;
+  bool dropless() const { return capacity_factor <= 0; }
+};
+
+struct MoEOptions {
+  int64_t hidden_size = 0, num_experts = 0, top_k = 0;
+  int64_t expert_ffn_size = 0;
+  int64_t shared_experts = 0, shared_ffn_size = 0;
+  bool norm_topk_prob = true;
+  RouterKind router = RouterKind::learned;
+  ScoringFunc scoring = ScoringFunc::softmax;
+  BalancingOptions balancing;
+
+  bool learned_router() const { return router == RouterKind::learned; }
+
+  static MoEOptions from(const ModelConfig& m) {
+    MoEOptions o;
+    o.hidden_size = m.hidden_size, o.num_experts = m.num_experts;
+    o.top_k = m.num_experts_per_tok, o.expert_ffn_size = m.expert_ffn_size();
+    o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
+    o.norm_topk_prob = m.norm_topk_prob, o.router = m.router, o.scoring = m.scoring_func;
+    BalancingOptions& b = o.balancing;
+    b.aux_scope = m.aux_loss_scope, b.aux_coef = m.router_aux_loss_coef;
+    b.z_coef = m.router_z_loss_coef, b.bias_rate = m.router_bias_update_rate;
+    b.capacity_factor = m.capacity_factor, b.drop_policy = m.capacity_drop_policy;
+    return o;
+  }
+};
+
+}  // namespace minimind

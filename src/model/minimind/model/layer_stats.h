@@ -1,0 +1,95 @@
+// One MoE layer's scalar router statistics for one optimizer step, listed once. The MoE
+// layer fills them (moe_feed_forward.cpp), the optimizer step combines them over
+// micro-batches, shards and ranks, the interval window over steps, and the run log writes
+// them into expert_load.jsonl: every one of those walks fields(), so a new per-layer
+// metric is one field here and the line that computes it (docs/development.md, "Add a
+// per-layer metric"). Torch-free: the run log's reader includes it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+namespace minimind {
+
+// How a field combines over micro-batches (of which shards are parts), ranks and steps:
+//   mean  micro-batches add value / accumulation_steps; ranks and steps average
+//   sum   added everywhere
+//   max   the largest value
+//   last  the newest value that is set (figures taken after the optimizer step)
+enum class Combine { mean, sum, max, last };
+
+// Whether expert_load.jsonl holds the field under its own name; the others are logged in a
+// derived form (aux_unscaled = aux / coef, dropped as a fraction of the assignments).
+enum class Logged { as_is, derived };
+
+struct LayerStats {
+  double aux = 0;                           // the layer's aux loss (coef included); 0 without one
+  std::optional<double> z;                  // mean_t logsumexp(router logits)^2 (learned router)
+  std::optional<int64_t> dropped;           // assignments capacity dropped (real tokens)
+  std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
+  std::optional<std::vector<double>> bias;  // the selection bias after the step
+  // The router weight's gradient by source, ||dLM/dW_gate|| and ||d(aux+z)/dW_gate|| of the
+  // step before clipping (at log steps, when the trainer asks).
+  std::optional<double> grad_lm, grad_balance;
+
+  // Calls f(name, combine, logged, s.field...) for each field, walking several records in
+  // step (e.g. a sum and the record added to it).
+  template <class F, class... S>
+  static void fields(F&& f, S&... s) {
+    f("aux", Combine::mean, Logged::derived, s.aux...);
+    f("z", Combine::mean, Logged::as_is, s.z...);
+    f("dropped", Combine::sum, Logged::derived, s.dropped...);
+    f("seq_max_vio", Combine::max, Logged::as_is, s.seq_max_vio...);
+    f("bias", Combine::last, Logged::as_is, s.bias...);
+    f("grad_lm", Combine::last, Logged::as_is, s.grad_lm...);
+    f("grad_balance", Combine::last, Logged::as_is, s.grad_balance...);
+  }
+};
+
+namespace layer_stats {
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+// Adds `from` into `into` as Combine says; `divisor` divides mean fields (the accumulation
+// steps when adding a micro-batch; 1 when adding a step to an interval's sums).
+inline void add(LayerStats& into, const LayerStats& from, double divisor) {
+  LayerStats::fields(
+      [divisor](const char*, Combine how, Logged, auto& dst, const auto& src) {
+        using T = std::decay_t<decltype(dst)>;
+        auto combine = [&](auto& d, const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_arithmetic_v<V>) {
+            if (how == Combine::mean) d += static_cast<V>(v / divisor);
+            if (how == Combine::sum) d += v;
+            if (how == Combine::max) d = std::max(d, v);
+            if (how == Combine::last) d = v;
+          } else {
+            d = v;  // vectors: the newest
+          }
+        };
+        if constexpr (is_optional<T>::value) {
+          if (!src.has_value()) return;
+          if (!dst.has_value()) dst.emplace();  // 0 (or empty): adding to it gives the value
+          combine(*dst, *src);
+        } else {
+          combine(dst, src);
+        }
+      },
+      into, from);
+}
+
+// Adds `from` layer by layer, growing `into` to its length.
+inline void add(std::vector<LayerStats>& into, const std::vector<LayerStats>& from,
+                double divisor) {
+  if (into.size() < from.size()) into.resize(from.size());
+  for (size_t l = 0; l < from.size(); ++l) add(into[l], from[l], divisor);
+}
+
+}  // namespace layer_stats
+}  // namespace minimind

@@ -1,0 +1,40 @@
+// What minimind-bench measures, as a library: the bench config, the model-FLOP count its MFU
+// divides, and the variant runner behind --variant (scripts/bench-balancing.sh).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "minimind/config.h"
+
+namespace minimind {
+
+// The fixed bench config (hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256,
+// batch 8, fp32) as `preset` shapes it (dense | moe-top1 | moe-top2 | moe-e16k4 |
+// moe-e64k16), with --set style overrides, validated; warnings go to spdlog.
+Config bench_config(const std::string& preset, const std::vector<std::string>& sets);
+constexpr int64_t kBenchBatch = 8, kBenchSeq = 256;
+
+// Model FLOPs per trained token: 6 x the matmul weights a token passes through (attention
+// projections, the active experts or the dense FFN, routers, lm_head), plus attention
+// scores and weighted sums, 12 x layers x seq x heads*head_dim (forward + backward, the
+// full T x T matrix as computed). With a capacity this is the nominal count: dropped
+// assignments are work the model skips.
+double flops_per_token(const ModelConfig& m, int64_t seq);
+
+double median(std::vector<double> v);
+
+// Several configs trained in one process, one step of each in turn, so that the machine's
+// speed drifting (a shared VM moves by tens of percent over seconds) hits every variant
+// alike. specs: "NAME:section.key=value,..." applied to `base`, which runs first as "default".
+struct VariantSpeed {
+  std::string name;
+  double step_seconds = 0;  // median
+  double tok_s = 0, gflops = 0;
+};
+std::vector<VariantSpeed> compare_variants(const Config& base,
+                                           const std::vector<std::string>& specs, int steps,
+                                           int warmup, int threads);
+
+}  // namespace minimind
