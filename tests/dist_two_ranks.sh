@@ -32,7 +32,7 @@ head -n 300 "$SRC/data/austen.jsonl" > "$WORK/corpus.jsonl"
 # terms that cancel) get steps of ~lr from fp32 rounding noise alone when eps is tiny, so
 # two correct runs that merely sum in another order end 1e-4 apart on a handful of the
 # 150k weights (measured with eps 1e-8: 5 weights above 1e-5, max 9.9e-5; the loss curves
-# agree to 6e-7). tests/test_train.cpp shows the same for accumulation, in fp64.
+# agree to 6e-7). tests/test_train_step.cpp shows the same for accumulation, in fp64.
 EPS=1.0e-6
 config() {  # config NAME USE_MOE AUX_COEF [MORE_MODEL_KEYS]
   cat > "$WORK/$1.yaml" <<YAML

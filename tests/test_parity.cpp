@@ -288,7 +288,7 @@ TEST_P(Parity, MatchesReference) {
     // they round differently, and AdamW turns a rounding in a near-zero gradient into a
     // step of up to lr (5e-4) — with OpenBLAS's Cooperlake kernels lab_sigmoid_top1 ended
     // 2.2e-5 from the reference (the whole micro-batch, whose GEMMs are the reference's,
-    // 3.1e-6). tests/test_train.cpp checks the shards' algebra in float64 (to 1e-9).
+    // 3.1e-6). tests/test_train_step.cpp checks the shards' algebra in float64 (to 1e-9).
     if (batch_shards(model->config(), ids.size(0), 2) > 1) {
       MiniMindForCausalLM sharded = build(fx, name);
       sharded->train();

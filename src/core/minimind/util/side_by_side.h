@@ -2,9 +2,9 @@
 // serial third of a step (elementwise ops, softmax, norms, autograd bookkeeping) then runs
 // on every core instead of one while OpenBLAS's other threads wait in sched_yield.
 //
-// Why: with OpenBLAS on both cores only the GEMMs use the second core. Two one-thread
-// processes on the bench config trained 1.34-1.50x the tokens/s of one two-thread process
-// (minimind-bench --threads 1, two at once, 2026-12-01).
+// Why: with OpenBLAS on both cores only the GEMMs use the second core; two one-thread
+// processes train more tokens/s than one two-thread process (measured in
+// docs/benchmarks/2026-12-01-data-and-processes.md).
 //
 // The shards of a micro-batch meet where a loss needs the whole micro-batch (an expert's
 // share of its assignments): `ShardGroup::sum`, which adds every shard's tensor in shard
