@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "minimind/config.h"
@@ -173,6 +174,59 @@ TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
   ranks.on_step(step_info(1, 5, d));
   ASSERT_TRUE(multi.intervals.at(0).record.allreduce_ms.has_value());
   EXPECT_DOUBLE_EQ(*multi.intervals[0].record.allreduce_ms, 4.0);
+}
+
+// The per-layer statistics through the window, as LayerStats says each combines: z and aux
+// averaged over the steps, drops summed (into the interval's dropped fraction), the
+// sequence MaxVio the largest, the router gradient the newest; and a window cut in two by
+// a checkpoint gives the same interval, also from a checkpoint of before LayerStats.
+TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
+  auto with_layer = [](double z, int64_t dropped, double vio, std::optional<double> grad) {
+    StepStats s = step_stats(1.0, 0.5, 1.0, {{6, 2}});
+    s.z_loss_on = true;
+    LayerStats& l = s.layers.at(0);
+    l.z = z, l.dropped = dropped, l.seq_max_vio = vio, l.grad_lm = grad, l.grad_balance = grad;
+    return s;
+  };
+  const StepStats a = with_layer(2.0, 1, 0.5, std::nullopt), b = with_layer(4.0, 3, 0.25, 0.125);
+  Recorder rec;
+  IntervalWindow window(2, rec, false);
+  window.on_step(step_info(1, 4, a));
+  window.on_step(step_info(2, 4, b));
+  ASSERT_EQ(rec.intervals.size(), 1u);
+  const IntervalInfo& i = rec.intervals[0];
+  ASSERT_EQ(i.layers.size(), 1u);
+  EXPECT_DOUBLE_EQ(*i.layers[0].z, 3.0);            // mean
+  EXPECT_DOUBLE_EQ(i.layers[0].aux, 0.25);          // mean of 0.5 / 2 and 0.5 / 2
+  EXPECT_EQ(*i.layers[0].dropped, 4);               // sum
+  EXPECT_DOUBLE_EQ(*i.layers[0].seq_max_vio, 0.5);  // max
+  EXPECT_DOUBLE_EQ(*i.layers[0].grad_lm, 0.125);    // newest set
+  EXPECT_DOUBLE_EQ(*i.record.dropped, 4.0 / 16.0);  // 4 of 2 x 8 assignments
+  EXPECT_TRUE(i.record.z_loss.has_value());
+
+  // Cut after step 3, restored into a fresh window: step 4 closes the same interval.
+  Recorder whole, cut;
+  IntervalWindow w1(2, whole, false), w2(2, cut, false);
+  for (auto* w : {&w1, &w2}) w->on_step(step_info(3, 4, a));
+  nlohmann::json state;
+  w2.save_state(state);
+  IntervalWindow w3(2, cut, false);
+  w3.restore_state(nlohmann::json::parse(state.dump()));
+  w1.on_step(step_info(4, 4, b));
+  w3.on_step(step_info(4, 4, b));
+  ASSERT_EQ(whole.intervals.size(), 1u);
+  ASSERT_EQ(cut.intervals.size(), 1u);
+  LayerStats::fields([](const char* name, Combine, Logged, const auto& x,
+                        const auto& y) { EXPECT_EQ(x, y) << name; },
+                     whole.intervals[0].layers.at(0), cut.intervals[0].layers.at(0));
+  // A checkpoint of before LayerStats held only the z sums, as "layer_z".
+  nlohmann::json old = state;
+  old["interval"].erase("layers");
+  old["interval"]["layer_z"] = {2.0};
+  IntervalWindow w4(2, cut, false);
+  w4.restore_state(old);
+  w4.on_step(step_info(4, 4, b));
+  EXPECT_DOUBLE_EQ(*cut.intervals.back().layers.at(0).z, 3.0);
 }
 
 TEST(Console, LogLinesShowIntervalsEvaluationsCollapsesAndTheEnd) {
