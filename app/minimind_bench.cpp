@@ -9,7 +9,9 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -27,9 +29,41 @@
 #include "minimind/train/train_step.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/matmul_peak.h"
 #include "minimind/util/stopwatch.h"
 
 namespace {
+
+// OpenBLAS's fp32 peak under the kernel sets this CPU can run other than the loaded one:
+// the kernels are chosen when the library loads, so each is measured by this program run
+// again with OPENBLAS_CORETYPE set (--matmul-peaks). The training itself keeps the
+// environment's kernels.
+std::vector<minimind::MatmulPeak> other_kernel_set_peaks(const minimind::CpuFeatures& cpu) {
+  std::vector<minimind::MatmulPeak> out;
+  std::vector<std::string> sets;
+  if (cpu.avx2) sets.emplace_back("Haswell");
+  if (cpu.avx512f) sets.emplace_back("SkylakeX");
+  for (const auto& set : sets) {
+    if (set == minimind::blas_core_name()) continue;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const std::string cmd = "OPENBLAS_CORETYPE=" + set + " '" + self + "' --matmul-peaks";
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (!pipe) continue;
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+    if (::pclose(pipe) != 0) continue;
+    try {
+      for (const auto& p : nlohmann::json::parse(text))
+        if (p.at("backend") == "openblas")
+          out.push_back({"openblas", "fp32", p.at("kernel").get<std::string>() + " (probed)",
+                         p.at("gflops").get<double>()});
+    } catch (const nlohmann::json::exception&) {
+      spdlog::warn("the {} kernel-set probe printed no peaks; left out", set);
+    }
+  }
+  return out;
+}
 
 // The --variant table: per variant the median step, tok/s and model GFLOP/s relative to the
 // first (the bench config as given).
@@ -91,6 +125,10 @@ int main(int argc, char** argv) {
                  "config and the config itself in one process, a step of each in turn, and "
                  "print a table of their speed per model FLOP");
   app.add_flag("--json", json, "one JSON line on stdout");
+  bool peaks_only = false;
+  app.add_flag("--matmul-peaks", peaks_only,
+               "only measure the matmul peak of each backend on one core and print them as JSON "
+               "(minimind-bench runs itself so under each OpenBLAS kernel set the CPU has)");
   for (const char* other : {"--json", "--profile"})
     app.get_option("--variant")->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
@@ -105,12 +143,35 @@ int main(int argc, char** argv) {
 
   return minimind::run_main([&] {
     using namespace minimind;
+    if (peaks_only) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const auto& p : measure_matmul_peaks())
+        j.push_back({{"backend", p.backend},
+                     {"precision", p.precision},
+                     {"kernel", p.kernel},
+                     {"gflops", p.gflops}});
+      std::cout << j.dump() << "\n";
+      return 0;
+    }
     const Config cfg = bench_config(preset, sets);
-    // The trainer's thread policy (use_threads); the fp32 matmul peak with OpenBLAS on the
-    // same cores and as large a GEMM as it likes; then --blas-threads, if given.
+    // The trainer's thread policy (use_threads); the matmul peaks of one core per backend
+    // and precision (matmul_peak.h), times the cores used; then --blas-threads, if given.
     const int n_threads = use_threads(threads);
     set_blas_threads(n_threads);
-    const double peak = check_blas(1536).gflops;
+    const CpuFeatures cpu = cpu_features();
+    std::vector<MatmulPeak> peaks = measure_matmul_peaks();
+    for (const auto& p : other_kernel_set_peaks(cpu)) peaks.push_back(p);
+    const MatmulPeak &fp32 = *best_peak(peaks, "fp32"), &bf16 = *best_peak(peaks, "bf16");
+    const MatmulPeak& openblas = peaks[0];
+    spdlog::info("CPU {}: {}; matmul peak per core: {}", cpu.model, cpu.flags(), [&] {
+      std::string s;
+      for (const auto& p : peaks)
+        s += fmt::format("{}{} {} {:.0f} GFLOP/s ({})", s.empty() ? "" : ", ", p.backend,
+                         p.precision, p.gflops, p.kernel);
+      return s;
+    }());
+    if (!cpu.bf16())
+      spdlog::info("no bf16 instructions (avx512_bf16, amx_bf16): oneDNN emulates bf16 here");
     if (blas_threads > 0) set_blas_threads(blas_threads);
     if (torch_threads > 0) torch::set_num_threads(torch_threads);
     if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, n_threads);
@@ -158,7 +219,12 @@ int main(int argc, char** argv) {
     }
     const double step = median(total);
     const double tok_s = B * T / step;
-    const double mfu = tok_s * flops_per_token(cfg.model, T) / (peak * 1e9);
+    // MFU against the best fp32 product this machine reaches (per core x cores), and for
+    // comparison against OpenBLAS with the loaded kernels and against bf16.
+    const double model_gflops = tok_s * flops_per_token(cfg.model, T) / 1e9;
+    const double mfu = model_gflops / (fp32.gflops * n_threads);
+    const double mfu_openblas = model_gflops / (openblas.gflops * n_threads);
+    const double mfu_bf16 = model_gflops / (bf16.gflops * n_threads);
     std::vector<double> rates;
     for (double t : total) rates.push_back(B * T / t);
     const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
@@ -192,8 +258,15 @@ int main(int argc, char** argv) {
                                 {"bwd_ms", 1e3 * median(bwd)},
                                 {"opt_ms", 1e3 * median(optim)},
                                 {"peak_rss_mb", rss_mb},
+                                {"model_gflops", model_gflops},
                                 {"mfu", mfu},
-                                {"peak_gflops", peak},
+                                {"peak_gflops", fp32.gflops * n_threads},
+                                {"peak_backend", fp32.backend + " " + fp32.kernel},
+                                {"mfu_openblas", mfu_openblas},
+                                {"mfu_bf16", mfu_bf16},
+                                {"peak_bf16_gflops", bf16.gflops * n_threads},
+                                {"cpu", cpu.model},
+                                {"cpu_flags", cpu.flags()},
                                 {"gen_tok_s", gen_s},
                                 {"blas_core", blas_core_name()}};
       std::cout << j.dump() << "\n";
@@ -201,9 +274,11 @@ int main(int argc, char** argv) {
       std::cout << fmt::format(
           "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "
           "opt {:.0f} | "
-          "peak RSS {:.0f} MB | MFU {:.1f}% of {:.0f} GFLOP/s ({}) | generation {:.0f} tok/s\n",
+          "peak RSS {:.0f} MB | {:.0f} model GFLOP/s: MFU {:.1f}% of the fp32 peak {:.0f} GFLOP/s "
+          "({} {}), {:.1f}% of OpenBLAS {}'s, {:.1f}% of bf16's | generation {:.0f} tok/s\n",
           preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-          1e3 * median(optim), rss_mb, 100 * mfu, peak, blas_core_name(), gen_s);
+          1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, fp32.gflops * n_threads,
+          fp32.backend, fp32.kernel, 100 * mfu_openblas, blas_core_name(), 100 * mfu_bf16, gen_s);
     }
     return 0;
   });

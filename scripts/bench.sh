@@ -36,6 +36,14 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32; "
       f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
 print("OpenBLAS kernels: " + ", ".join(sorted({f"{r['impl']} {r['blas_core']}" for r in rows})))
+# MFU of every row against one peak: the best fp32 product of the machine as minimind-bench
+# measured it (per core x cores, any backend), so that the two sides divide by the same thing.
+cpp = [r for r in rows if r["impl"] == "cpp"]
+peak = statistics.median(r["peak_gflops"] for r in cpp)
+print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; MFU against the fp32 peak {peak:.0f} GFLOP/s "
+      f"({cpp[0]['peak_backend']}; bf16 peak {statistics.median(r['peak_bf16_gflops'] for r in cpp):.0f})")
+for r in rows:
+    r["mfu"] = r["mfu"] * r["peak_gflops"] / peak
 print(f"{'preset':9} {'impl':16} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
 res = {}
 for preset in ["dense", "moe-top1", "moe-top2"]:

@@ -15,6 +15,8 @@ PACKAGES=(
   libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libgloo-dev
+  # oneDNN, the library libtorch_cpu already loads: minimind-bench measures its matmul peaks
+  libdnnl-dev
   # An optimised BLAS: Debian's default libblas.so.3 is the reference BLAS (~4 GFLOP/s
   # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See docs/performance.md.
   libopenblas0-pthread

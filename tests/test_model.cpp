@@ -18,6 +18,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/blas_tasks.h"
+#include "minimind/util/matmul_peak.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -314,4 +315,56 @@ TEST(BlasTasks, RunEachTaskOnceSideBySideAndRethrowAFailure) {
   EXPECT_GE(ran.load(), 2);
   EXPECT_EQ(blas_threads(), 2);  // restored after the failure too
   set_blas_threads(before);
+}
+
+// The CPU features the bf16 decision reads, from /proc/cpuinfo text (the first processor).
+TEST(CpuFeatures, ParsedFromCpuinfo) {
+  const CpuFeatures amd = parse_cpu_features(
+      "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f avx512_vnni "
+      "avx512_bf16 rdrand\n\nprocessor\t: 1\nmodel name\t: other\nflags\t\t: fpu amx_bf16\n");
+  EXPECT_EQ(amd.model, "AMD EPYC");
+  EXPECT_TRUE(amd.avx2 && amd.avx512f && amd.avx512_bf16);
+  EXPECT_FALSE(amd.amx_bf16);  // the second processor's flags are not read
+  EXPECT_TRUE(amd.bf16());
+  EXPECT_EQ(amd.flags(), "avx2 avx512f avx512_bf16");
+  const CpuFeatures old = parse_cpu_features(
+      "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse4_2 avx avx2 fma\n");
+  EXPECT_TRUE(old.avx2);
+  EXPECT_FALSE(old.avx512f || old.bf16());
+  const CpuFeatures spr = parse_cpu_features(
+      "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: avx2 avx512f "
+      "avx512_bf16 amx_bf16 amx_tile\n");
+  EXPECT_TRUE(spr.amx_bf16 && spr.bf16());
+  // "avx512_bf16" must not be read from a longer flag, nor from the model name.
+  const CpuFeatures near =
+      parse_cpu_features("model name\t: avx512_bf16 lookalike\nflags\t\t: avx512_bf16x avx2x\n");
+  EXPECT_FALSE(near.bf16() || near.avx2);
+  EXPECT_FALSE(parse_cpu_features("").bf16());
+}
+
+// oneDNN's fp32 GEMM as minimind-bench calls it gives torch's product (odd sizes, so the
+// row-major leading dimensions are exercised), and every backend's peak is measured.
+TEST(MatmulPeak, OneDnnGemmIsTheProductAndEveryBackendIsMeasured) {
+  torch::manual_seed(3);
+  const torch::Tensor a = torch::randn({37, 29}), b = torch::randn({29, 53});  // [M, K] [K, N]
+  torch::Tensor c = torch::full({37, 53}, 7.0);
+  onednn_sgemm(37, 53, 29, a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>());
+  EXPECT_LE((c - torch::mm(a, b)).abs().max().item<double>(), 1e-4);  // |values| ~ 5
+  const std::vector<MatmulPeak> peaks = measure_matmul_peaks();
+  ASSERT_EQ(peaks.size(), 3u);
+  for (const auto& p : peaks) {
+    std::printf("matmul peak, one core: %s %s %.0f GFLOP/s (%s)\n", p.backend.c_str(),
+                p.precision.c_str(), p.gflops, p.kernel.c_str());
+    EXPECT_GT(p.gflops, 1.0) << p.backend << " " << p.precision;
+    EXPECT_FALSE(p.kernel.empty());
+  }
+  ASSERT_NE(best_peak(peaks, "fp32"), nullptr);
+  EXPECT_EQ(best_peak(peaks, "bf16"), &peaks[2]);
+  EXPECT_EQ(best_peak(peaks, "fp16"), nullptr);
+  // With bf16 instructions oneDNN runs a bf16 kernel (AVX512_BF16 or AMX), not emulation.
+  if (cpu_features().bf16()) {
+    EXPECT_TRUE(peaks[2].kernel.find("bf16") != std::string::npos ||
+                peaks[2].kernel.find("amx") != std::string::npos)
+        << peaks[2].kernel;
+  }
 }

@@ -1,0 +1,141 @@
+#include "minimind/util/matmul_peak.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <sstream>
+
+#include "minimind/util/blas_check.h"
+#include "minimind/util/stopwatch.h"
+
+namespace minimind {
+
+std::string CpuFeatures::flags() const {
+  std::string out;
+  for (const auto& [on, name] :
+       {std::pair{avx2, "avx2"}, std::pair{avx512f, "avx512f"},
+        std::pair{avx512_bf16, "avx512_bf16"}, std::pair{amx_bf16, "amx_bf16"}})
+    if (on) out += (out.empty() ? "" : " ") + std::string(name);
+  return out.empty() ? "none of avx2, avx512f, avx512_bf16, amx_bf16" : out;
+}
+
+CpuFeatures parse_cpu_features(const std::string& cpuinfo) {
+  CpuFeatures f;
+  std::istringstream in(cpuinfo);
+  bool have_flags = false;
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (key == "model name" && f.model.empty()) f.model = value;
+    if (key == "flags" && !have_flags) {
+      have_flags = true;
+      std::istringstream words(value);
+      for (std::string w; words >> w;) {
+        f.avx2 |= w == "avx2";
+        f.avx512f |= w == "avx512f";
+        f.avx512_bf16 |= w == "avx512_bf16";
+        f.amx_bf16 |= w == "amx_bf16";
+      }
+    }
+  }
+  return f;
+}
+
+CpuFeatures cpu_features() {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_cpu_features(text.str());
+}
+
+void onednn_sgemm(int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C) {
+  const dnnl_status_t status = dnnl_sgemm('N', 'N', M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+  TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
+}
+
+namespace {
+
+// GFLOP/s of the best of `reps` runs of `product` (one warm-up first).
+double gflops_of(const std::function<void()>& product, int64_t n, int reps = 3) {
+  product();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const Stopwatch clock;
+    product();
+    best = std::min(best, clock.seconds());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best /
+         1e9;
+}
+
+// torch's intra-op threads (oneDNN's OpenMP pool is the same) at one while it lives.
+class OneTorchThread {
+ public:
+  OneTorchThread() : before_(torch::get_num_threads()) { torch::set_num_threads(1); }
+  ~OneTorchThread() { torch::set_num_threads(before_); }
+  OneTorchThread(const OneTorchThread&) = delete;
+  OneTorchThread& operator=(const OneTorchThread&) = delete;
+
+ private:
+  int before_;
+};
+
+}  // namespace
+
+std::vector<MatmulPeak> measure_matmul_peaks() {
+  const OneTorchThread one_torch;
+  const OneBlasThread one_blas;
+  torch::NoGradGuard no_grad;
+  MatmulPeak blas{"openblas", "fp32", blas_core_name(), 0};
+  if (blas.kernel.empty()) blas.backend = "blas", blas.kernel = loaded_blas_library();
+  MatmulPeak sgemm{"onednn", "fp32", "dnnl_sgemm", 0};
+  MatmulPeak bf16{"onednn", "bf16", "", 0};
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  for (const int64_t n : {512, 1024, 1536}) {
+    torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+    blas.gflops = std::max(blas.gflops, gflops_of([&] { torch::mm_out(c, a, b); }, n));
+    sgemm.gflops =
+        std::max(sgemm.gflops, gflops_of(
+                                   [&] {
+                                     onednn_sgemm(n, n, n, a.data_ptr<float>(), b.data_ptr<float>(),
+                                                  c.data_ptr<float>());
+                                   },
+                                   n));
+    // bf16 inputs, fp32 output: the product mixed precision runs.
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md({n, n}, dt::bf16, tag::ab), b_md({n, n}, dt::bf16, tag::ab),
+        c_md({n, n}, dt::f32, tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+    bf16.kernel = pd.impl_info_str();
+    torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
+    dnnl::memory am(a_md, engine, a16.data_ptr()), bm(b_md, engine, b16.data_ptr()),
+        cm(c_md, engine, c.data_ptr());
+    const dnnl::matmul matmul(pd);
+    bf16.gflops = std::max(bf16.gflops, gflops_of(
+                                            [&] {
+                                              matmul.execute(stream, {{DNNL_ARG_SRC, am},
+                                                                      {DNNL_ARG_WEIGHTS, bm},
+                                                                      {DNNL_ARG_DST, cm}});
+                                              stream.wait();
+                                            },
+                                            n));
+  }
+  return {blas, sgemm, bf16};
+}
+
+const MatmulPeak* best_peak(const std::vector<MatmulPeak>& peaks, const std::string& precision) {
+  const MatmulPeak* best = nullptr;
+  for (const auto& p : peaks)
+    if (p.precision == precision && (!best || p.gflops > best->gflops)) best = &p;
+  return best;
+}
+
+}  // namespace minimind
