@@ -412,6 +412,12 @@ TEST(ConfigBase, AFileStartsFromItsBase) {
   EXPECT_EQ(b.run.name, "b");                      // not its base's run directory
   EXPECT_NE(b.origin.at("model.num_experts").find("b.yaml line 3"), std::string::npos);
   EXPECT_NE(b.origin.at("model.hidden_size").find("a.yaml line 2"), std::string::npos);
+  // A shipped preset by name when no such file is beside this one.
+  test::write_text(dir + "/mine.yaml", "base: moe\nmodel: {num_experts: 8}\n");
+  const Config mine = load_config_file(dir + "/mine.yaml");
+  EXPECT_EQ(mine.model.num_experts, 8);
+  EXPECT_EQ(mine.model.hidden_size, 128);  // moe.yaml's
+  EXPECT_EQ(mine.run.name, "mine");
   // A base of a base; the shipped variants resolve to their base plus their own keys.
   test::write_text(dir + "/c.yaml", "base: sub/b.yaml\nrun: {name: c}\n");
   EXPECT_EQ(load_config_file(dir + "/c.yaml").model.num_experts, 16);
@@ -442,6 +448,10 @@ TEST(ConfigBase, MissingBaseCycleAndBadValueAreErrors) {
   EXPECT_NE(cycle.find("y.yaml"), std::string::npos) << cycle;
   test::write_text(dir + "/self.yaml", "base: self.yaml\n");
   EXPECT_NE(error(dir + "/self.yaml").find("cycle"), std::string::npos);
+  test::write_text(dir + "/twice.yaml", "base: moe.yaml\nbase: dense.yaml\n");
+  EXPECT_NE(error(dir + "/twice.yaml").find("'base' appears twice (" + dir + "/twice.yaml line 2)"),
+            std::string::npos)
+      << error(dir + "/twice.yaml");
   test::write_text(dir + "/list.yaml", "base: [a.yaml]\n");
   EXPECT_NE(error(dir + "/list.yaml").find("expected the file name"), std::string::npos);
   // A config that is not a file (a checkpoint's stored config) has nothing to start from.

@@ -170,13 +170,22 @@ std::string base_of(const YAML::Node& root, const std::string& path) {
     throw ConfigError("config error: base (" + where(path, node) +
                       "): expected the file name of the config this one starts from, e.g. "
                       "base: moe.yaml");
+  int seen = 0;
+  for (const auto& kv : root)
+    if (kv.first.IsScalar() && kv.first.Scalar() == "base" && ++seen == 2)
+      throw ConfigError("config error: key 'base' appears twice (" + where(path, kv.first) + ")");
   fs::path base(node.Scalar());
   if (base.is_relative()) base = fs::absolute(fs::path(path)).parent_path() / base;
-  if (!fs::is_regular_file(base))
-    throw ConfigError("config error: base (" + where(path, node) + "): no config file '" +
-                          base.lexically_normal().string() + "'",
-                      "name a file beside this one (base: moe.yaml) or give its path");
-  return base.lexically_normal().string();
+  if (fs::is_regular_file(base)) return base.lexically_normal().string();
+  // Not beside this file: a shipped preset of that name ("moe" or "moe.yaml").
+  bool preset = false;
+  for (const auto& [name, file] : list_presets())
+    preset |= node.Scalar() == name || node.Scalar() == name + ".yaml";
+  if (preset) return find_config_file(node.Scalar());
+  throw ConfigError("config error: base (" + where(path, node) + "): no config file '" +
+                        base.lexically_normal().string() + "' and no preset of that name",
+                    "name a file beside this one (base: my-base.yaml), give its path, or name a "
+                    "preset (minimind-train --list-presets)");
 }
 
 // A file over its base (and its base's base): the base's values first, then this file's.
