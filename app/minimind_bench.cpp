@@ -48,11 +48,14 @@ std::vector<minimind::MatmulPeak> other_kernel_set_peaks(const minimind::CpuFeat
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     const std::string cmd = "OPENBLAS_CORETYPE=" + set + " '" + self + "' --matmul-peaks";
     FILE* pipe = ::popen(cmd.c_str(), "r");
-    if (!pipe) continue;
     std::string text;
     char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
-    if (::pclose(pipe) != 0) continue;
+    if (pipe)
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+    if (!pipe || ::pclose(pipe) != 0) {
+      spdlog::warn("the {} kernel-set probe ({}) failed; left out of the peaks", set, cmd);
+      continue;
+    }
     try {
       for (const auto& p : nlohmann::json::parse(text))
         if (p.at("backend") == "openblas")
