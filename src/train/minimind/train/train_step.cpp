@@ -15,33 +15,35 @@ namespace minimind {
 namespace {
 
 // Means of the losses, sums of counts, dropped assignments and tokens, and the maxima over
-// the ranks, as each LayerStats field combines (three small all-reduces).
+// the ranks, as each LayerStats field combines (small all-reduces, one per kind).
 void reduce_stats(StepStats& s, Distributed& dist) {
-  std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss};
+  std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss}, sums, maxima;
   std::vector<int64_t> totals{s.tokens};
-  std::vector<double> maxima;
-  // Gathers (put = false) or puts back each layer's mean, sum and max fields in one order.
+  // Gathers (put = false) or puts back each layer's fields in one order, each into the
+  // vector of its kind; `last` fields are alike on every rank.
   auto walk = [&](bool put) {
-    size_t im = 3, it = 1, ix = 0;
+    size_t at_mean = 3, at_sum = 0, at_max = 0, at_total = 1;
+    auto move = [put](auto& x, auto& values, size_t& at) {
+      if (put) {
+        x = values[at++];
+      } else {
+        values.push_back(x);
+      }
+    };
     for (LayerStats& l : s.layers)
       LayerStats::fields(
-          [&](const char*, Combine how, Logged, auto& v) {
+          [&](const char* name, Combine how, Logged, auto& v) {
             using T = std::decay_t<decltype(v)>;
             auto one = [&](auto& x) {
               using V = std::decay_t<decltype(x)>;
-              if constexpr (std::is_floating_point_v<V>) {
-                std::vector<double>& into = how == Combine::max ? maxima : means;
-                size_t& i = how == Combine::max ? ix : im;
-                if (how == Combine::last) return;  // alike on every rank
-                if (put)
-                  x = into[i++];
-                else
-                  into.push_back(x);
-              } else if constexpr (std::is_integral_v<V>) {
-                if (put)
-                  x = totals[it++];
-                else
-                  totals.push_back(x);
+              if (how == Combine::last) return;
+              if constexpr (std::is_integral_v<V>) {
+                TORCH_CHECK(how == Combine::sum, "LayerStats::", name, ": counts only add up");
+                move(x, totals, at_total);
+              } else if constexpr (std::is_floating_point_v<V>) {
+                if (how == Combine::mean) move(x, means, at_mean);
+                if (how == Combine::sum) move(x, sums, at_sum);
+                if (how == Combine::max) move(x, maxima, at_max);
               }
             };
             if constexpr (layer_stats::is_optional<T>::value) {
@@ -56,6 +58,7 @@ void reduce_stats(StepStats& s, Distributed& dist) {
   dist.all_reduce_sum(means);
   const double world = dist.world_size();
   for (double& m : means) m /= world;
+  if (!sums.empty()) dist.all_reduce_sum(sums);
   sum_over_ranks(s.counts, totals, dist);
   if (!maxima.empty()) {
     torch::Tensor spread = torch::tensor(maxima, torch::kFloat64);  // [fields]
