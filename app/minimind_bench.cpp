@@ -29,6 +29,7 @@
 #include "minimind/train/train_step.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/matmul.h"
 #include "minimind/util/matmul_peak.h"
 #include "minimind/util/stopwatch.h"
 
@@ -116,6 +117,17 @@ int main(int argc, char** argv) {
                  "shards of each micro-batch trained side by side (0: the trainer's choice, "
                  "one per thread; 1: the whole micro-batch at once)")
       ->check(minimind_app::integer_in(0, 8));
+  std::string precision = "fp32", matmul = "auto";
+  app.add_option("--precision", precision,
+                 "the matrix products' precision, as run.precision (bf16: bf16 inputs, fp32 "
+                 "accumulation)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--matmul", matmul,
+                 "the fp32 products' library, as run.matmul (auto: the faster on this CPU)")
+      ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
+  bool bf16_emulation = false;
+  app.add_flag("--bf16-emulation", bf16_emulation,
+               "run bf16 on a CPU without bf16 instructions, as run.bf16_emulation");
   app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
@@ -175,6 +187,15 @@ int main(int argc, char** argv) {
     }());
     if (!cpu.bf16())
       spdlog::info("no bf16 instructions (avx512_bf16, amx_bf16): oneDNN emulates bf16 here");
+    Precision prec{};
+    MatmulBackend backend{};
+    parse_choice(precision, prec);
+    parse_choice(matmul, backend);
+    const ProductChoice products = configure_products(prec, backend, bf16_emulation);
+    const std::string fp32_library = name_of(products.settings.fp32);
+    spdlog::info("products: {} ({})", precision,
+                 prec == Precision::bf16 ? std::string("oneDNN matmul, bf16 inputs")
+                                         : fp32_library + " fp32");
     if (blas_threads > 0) set_blas_threads(blas_threads);
     if (torch_threads > 0) torch::set_num_threads(torch_threads);
     if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, n_threads);
@@ -225,7 +246,9 @@ int main(int argc, char** argv) {
     // MFU against the best fp32 product this machine reaches (per core x cores), and for
     // comparison against OpenBLAS with the loaded kernels and against bf16.
     const double model_gflops = tok_s * flops_per_token(cfg.model, T) / 1e9;
-    const double mfu = model_gflops / (fp32.gflops * n_threads);
+    const MatmulPeak& peak = prec == Precision::bf16 ? bf16 : fp32;
+    const double mfu = model_gflops / (peak.gflops * n_threads);
+    const double mfu_fp32 = model_gflops / (fp32.gflops * n_threads);
     const double mfu_openblas = model_gflops / (openblas.gflops * n_threads);
     const double mfu_bf16 = model_gflops / (bf16.gflops * n_threads);
     std::vector<double> rates;
@@ -262,9 +285,13 @@ int main(int argc, char** argv) {
                                 {"opt_ms", 1e3 * median(optim)},
                                 {"peak_rss_mb", rss_mb},
                                 {"model_gflops", model_gflops},
+                                {"precision", precision},
+                                {"matmul", fp32_library},
                                 {"mfu", mfu},
-                                {"peak_gflops", fp32.gflops * n_threads},
-                                {"peak_backend", fp32.backend + " " + fp32.kernel},
+                                {"peak_gflops", peak.gflops * n_threads},
+                                {"peak_backend", peak.backend + " " + peak.kernel},
+                                {"mfu_fp32", mfu_fp32},
+                                {"peak_fp32_gflops", fp32.gflops * n_threads},
                                 {"mfu_openblas", mfu_openblas},
                                 {"mfu_bf16", mfu_bf16},
                                 {"peak_bf16_gflops", bf16.gflops * n_threads},
@@ -275,13 +302,13 @@ int main(int argc, char** argv) {
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(
-          "{}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} + "
-          "opt {:.0f} | "
-          "peak RSS {:.0f} MB | {:.0f} model GFLOP/s: MFU {:.1f}% of the fp32 peak {:.0f} GFLOP/s "
-          "({} {}), {:.1f}% of OpenBLAS {}'s, {:.1f}% of bf16's | generation {:.0f} tok/s\n",
-          preset, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-          1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, fp32.gflops * n_threads,
-          fp32.backend, fp32.kernel, 100 * mfu_openblas, blas_core_name(), 100 * mfu_bf16, gen_s);
+          "{} {}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} "
+          "+ opt {:.0f} | peak RSS {:.0f} MB | {:.0f} model GFLOP/s: MFU {:.1f}% of the {} peak "
+          "{:.0f} GFLOP/s ({} {}), {:.1f}% of OpenBLAS {}'s, {:.1f}% of bf16's | generation "
+          "{:.0f} tok/s\n",
+          preset, precision, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
+          1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, precision, peak.gflops * n_threads,
+          peak.backend, peak.kernel, 100 * mfu_openblas, blas_core_name(), 100 * mfu_bf16, gen_s);
     }
     return 0;
   });

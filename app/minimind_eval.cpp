@@ -36,6 +36,7 @@
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/malloc_tuning.h"
+#include "minimind/util/matmul.h"
 #include "minimind/util/stopwatch.h"
 
 namespace {
@@ -47,6 +48,7 @@ struct Args {
   std::vector<std::string> data_list;  // analyze: repeatable, NAME=FILE
   std::vector<std::string> runs;       // compare
   int64_t max_docs = -1, batch_size = 0, threads = 0;
+  std::string precision;  // empty: the run's run.precision
   bool json = false, truncate = false, follow = false;
   minimind::GenerateOptions gen;
 };
@@ -304,6 +306,10 @@ int main(int argc, char** argv) {
                     "sentencepiece .model (default: the run's tokenizer.model)");
     sub->add_option("--threads", a.threads, "intra-op threads (default: one per core)")
         ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
+    sub->add_option("--precision", a.precision,
+                    "the matrix products' precision, fp32 or bf16 (default: the run's "
+                    "run.precision)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
   };
   auto corpus_options = [&](CLI::App* sub) {
     sub->add_option("--max-docs", a.max_docs, "evaluate at most N documents")
@@ -401,6 +407,10 @@ int main(int argc, char** argv) {
     const bool need_tokenizer = gen->parsed() || !a.data.empty() || !a.data_list.empty();
     EvalModel m = load_eval_model(a.path, a.config, a.tokenizer, need_tokenizer);
     spdlog::info("loaded {}", m.weights);
+    if (!a.precision.empty()) parse_choice(a.precision, m.config.run.precision);
+    const RunConfig& run = m.config.run;
+    spdlog::info("{}",
+                 configure_products(run.precision, run.matmul, run.bf16_emulation).describe());
     if (analyze->parsed()) return analyze_command(a, m, threads);
     if (gen->parsed()) return generate_command(a, m);
     return evaluate_command(a, m, threads);

@@ -3,7 +3,8 @@
 # the bench config in one run, alternating: the reference at both of its good settings
 # (the C++ side's: torch 1 thread + OpenBLAS on all cores, and glibc malloc's thresholds
 # raised as tune_malloc() does; and MiniMind's own: torch on all cores, glibc's defaults),
-# and the C++ speed against the better of the two for each preset.
+# and the C++ speed against the better of the two for each preset, in fp32 and in bf16
+# (the reference under torch.autocast).
 # Usage: scripts/bench.sh [THREADS] [STEPS] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,45 +22,59 @@ trap 'rm -f "$OUT"' EXIT
 # the reference faults in its activations anew, which on a VM of this kind made it ~2.5x
 # slower (moe-top1 1,107 vs 2,873 tok/s, 2026-12-01) — a PyTorch user at their best sets it.
 SAME_MALLOC=(MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824)
+# Each repeat runs every side once, in turn: C++ in fp32 (run.matmul auto) and in bf16, the
+# reference in fp32 and in bf16 autocast, each at both thread settings.
 for preset in dense moe-top1 moe-top2; do
   for r in $(seq 1 "$REPEATS"); do
-    ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" --json >> "$OUT"
+    for precision in fp32 bf16; do
+      ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" \
+        --precision "$precision" --json >> "$OUT"
+    done
     CORE=$(tail -1 "$OUT" | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["blas_core"])')
-    env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
-      /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same >> "$OUT"
-    OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind >> "$OUT"
+    for precision in fp32 bf16; do
+      env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
+        /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same "$precision" >> "$OUT"
+      OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 \
+        minimind "$precision" >> "$OUT"
+    done
   done
 done
 /usr/bin/python3 - "$OUT" "$THREADS" "$REPEATS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8, fp32; "
+for r in rows:
+    r.setdefault("precision", "fp32")
+print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8; "
       f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
 print("OpenBLAS kernels: " + ", ".join(sorted({f"{r['impl']} {r['blas_core']}" for r in rows})))
-# MFU of every row against one peak: the best fp32 product of the machine as minimind-bench
-# measured it (per core x cores, any backend), so that the two sides divide by the same thing.
 cpp = [r for r in rows if r["impl"] == "cpp"]
-peak = statistics.median(r["peak_gflops"] for r in cpp)
-print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; MFU against the fp32 peak {peak:.0f} GFLOP/s "
-      f"({cpp[0]['peak_backend']}; bf16 peak {statistics.median(r['peak_bf16_gflops'] for r in cpp):.0f})")
+print("C++ fp32 products on: " + ", ".join(sorted({r["matmul"] for r in cpp if r["precision"] == "fp32"})))
+# MFU of every row against one peak per precision: the best product of the machine as
+# minimind-bench measured it (per core x cores, any backend), the same for both sides.
+peak = {p: statistics.median(r["peak_fp32_gflops" if p == "fp32" else "peak_bf16_gflops"] for r in cpp)
+        for p in ("fp32", "bf16")}
+print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; MFU against the fp32 peak {peak['fp32']:.0f} GFLOP/s "
+      f"and the bf16 peak {peak['bf16']:.0f} GFLOP/s")
 for r in rows:
-    r["mfu"] = r["mfu"] * r["peak_gflops"] / peak
-print(f"{'preset':9} {'impl':16} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
+    r["mfu"] = r["mfu"] * r["peak_gflops"] / peak[r["precision"]]
+print(f"{'preset':9} {'impl':16} {'prec':4} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
 res = {}
 for preset in ["dense", "moe-top1", "moe-top2"]:
-    for impl in ["cpp", "pytorch", "pytorch-minimind"]:
-        rs = [r for r in rows if r["preset"] == preset and r["impl"] == impl]
-        med = lambda k: statistics.median(r[k] for r in rs)
-        tok = [r["tok_s"] for r in rs]
-        res[(preset, impl)] = med("tok_s")
-        gen = med("gen_tok_s") if rs[0]["gen_tok_s"] is not None else None
-        print(f"{preset:9} {impl:16} {med('tok_s'):7.0f} {min(tok):5.0f}-{max(tok):<6.0f} {med('step_ms'):8.0f} "
-              f"{med('fwd_ms'):6.0f} {med('bwd_ms'):6.0f} {med('opt_ms'):6.0f} {max(r['peak_rss_mb'] for r in rs):7.0f} "
-              f"{100 * med('mfu'):5.1f}% {('%9.0f' % gen) if gen else '      n/a'}")
+    for precision in ["fp32", "bf16"]:
+        for impl in ["cpp", "pytorch", "pytorch-minimind"]:
+            rs = [r for r in rows if r["preset"] == preset and r["impl"] == impl and r["precision"] == precision]
+            med = lambda k: statistics.median(r[k] for r in rs)
+            tok = [r["tok_s"] for r in rs]
+            res[(preset, impl, precision)] = med("tok_s")
+            gen = med("gen_tok_s") if rs[0]["gen_tok_s"] is not None else None
+            print(f"{preset:9} {impl:16} {precision:4} {med('tok_s'):7.0f} {min(tok):5.0f}-{max(tok):<6.0f} {med('step_ms'):8.0f} "
+                  f"{med('fwd_ms'):6.0f} {med('bwd_ms'):6.0f} {med('opt_ms'):6.0f} {max(r['peak_rss_mb'] for r in rs):7.0f} "
+                  f"{100 * med('mfu'):5.1f}% {('%9.0f' % gen) if gen else '      n/a'}")
 for preset in ["dense", "moe-top1", "moe-top2"]:
-    best = max(["pytorch", "pytorch-minimind"], key=lambda impl: res[(preset, impl)])
-    print(f"{preset}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores + malloc thresholds' if best == 'pytorch' else 'MiniMind threads'}) "
-          f"= {res[(preset, 'cpp')] / res[(preset, best)]:.2f}x; same setting {res[(preset, 'cpp')] / res[(preset, 'pytorch')]:.2f}x, "
-          f"MiniMind's {res[(preset, 'cpp')] / res[(preset, 'pytorch-minimind')]:.2f}x")
-print(f"MoE top-1 step / dense step (C++) = {res[('dense', 'cpp')] / res[('moe-top1', 'cpp')]:.2f}")
+    for precision in ["fp32", "bf16"]:
+        best = max(["pytorch", "pytorch-minimind"], key=lambda impl: res[(preset, impl, precision)])
+        print(f"{preset} {precision}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores + malloc thresholds' if best == 'pytorch' else 'MiniMind threads'}) "
+              f"= {res[(preset, 'cpp', precision)] / res[(preset, best, precision)]:.2f}x")
+    print(f"{preset}: C++ bf16 / C++ fp32 = {res[(preset, 'cpp', 'bf16')] / res[(preset, 'cpp', 'fp32')]:.2f}x")
+print(f"MoE top-1 step / dense step (C++ fp32) = {res[('dense', 'cpp', 'fp32')] / res[('moe-top1', 'cpp', 'fp32')]:.2f}")
 PY

@@ -28,6 +28,7 @@
 #include "minimind/run/routing_analysis.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
+#include "minimind/util/matmul.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -416,6 +417,109 @@ TEST(ParityEval, EvaluateEqualsReferenceLoss) {
       EXPECT_EQ(r.documents, ids.size(0));
     }
   }
+}
+
+// bf16 mixed precision, against two references computed from the fp32 cases' weights and
+// batch (tests/reference/make_fixtures.py, bf16_case):
+//  - "scheme": the reference model with every product's inputs, and the gradient each
+//    product's backward receives, rounded to bf16, in fp32 arithmetic; the router in fp32.
+//    That is this tool's bf16 exactly, up to the order of fp32 sums, so it must agree
+//    closely, and choose the same experts for every token.
+//  - torch.autocast("cpu", bfloat16) around the reference model (router kept in fp32).
+//    Autocast also rounds each product's output and runs the elementwise ops after it, RoPE
+//    included, in bf16, so the two agree to bf16's resolution only. That tolerance is
+//    measured in the fixture: autocast's own distance from the fp32 reference, d_ref; a
+//    correct bf16 path is another bf16 approximation of the same computation and must lie
+//    within 2 d_ref of autocast. Where a near-tie made autocast and this tool route one
+//    token differently (each rounds the router's input differently), gradients of the
+//    experts involved differ by that token's share, so only the loss is compared then.
+TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
+  torch::set_num_threads(1);
+  const ProductSettings before = product_settings();
+  set_product_settings({Precision::bf16, MatmulBackend::onednn});
+  for (const std::string name :
+       {"dense_train", "moe_top1_norm_train", "moe_top2_norm_train", "lab_minimind2"}) {
+    SCOPED_TRACE(name);
+    auto fx = load_fixture(name);
+    const auto bf16 = load_fixture("bf16_" + name);
+    const auto scheme = bf16.at("scheme").toGenericDict(), ac = bf16.at("bf16").toGenericDict(),
+               ref = bf16.at("fp32").toGenericDict();
+    MiniMindForCausalLM model = build(fx, name);
+    model->train();
+    torch::manual_seed(kSeedForward);
+    ForwardOutput out = model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor());
+    GlobalAuxScope(model->config()).add_to(out, fx.at("input_ids").toTensor().numel());
+    (out.loss + out.aux_loss + out.z_loss).backward();
+    const bool moe = !out.moe.empty();
+    const torch::Tensor counts =
+        moe ? torch::stack(out.per_layer(&MoEStats::counts)) : torch::Tensor();
+    auto grad_errors = [&](const c10::Dict<c10::IValue, c10::IValue>& want_fx) {
+      std::map<std::string, double> err;  // ||g - g_want|| / ||g_want|| per parameter
+      for (const auto& [k, want] : tensor_map(want_fx.at("grads"))) {
+        const double scale = want.norm().item<double>();
+        if (scale > 0)
+          err[k] = (model->named_parameters()[k].grad() - want).norm().item<double>() / scale;
+      }
+      return err;
+    };
+
+    // The scheme: summation order only. A last-bit difference can move a value across a
+    // bf16 rounding boundary (a 2^-8 step for that element), and the backward rounds at
+    // every product, so gradients carry a few such steps: measured up to 1.8e-3 relative,
+    // allowed 5e-3, against bf16's own effect of 1-2e-2 (fp32 vs scheme). Logits carry the
+    // same steps from every layer below (measured up to 1.3e-3 with top-2 and a shared
+    // expert): they must be at least twice as close to the scheme as fp32's logits are. A
+    // wrong layout or a missing rounding is off by far more.
+    const double d_scheme_fp32 =
+        max_abs_diff(scheme.at("logits").toTensor(), ref.at("logits").toTensor());
+    EXPECT_LE(max_abs_diff(out.logits, scheme.at("logits").toTensor()), 0.5 * d_scheme_fp32);
+    EXPECT_LE(max_abs_diff(out.loss, scheme.at("loss").toTensor()), 2e-5);
+    EXPECT_LE(max_abs_diff(out.aux_loss, scheme.at("aux_loss").toTensor()), 2e-5);
+    if (moe) {
+      EXPECT_TRUE(torch::equal(counts, scheme.at("counts").toTensor()));
+    }
+    double worst_scheme = 0;
+    for (const auto& [k, e] : grad_errors(scheme)) {
+      EXPECT_LE(e, 5e-3) << k;
+      worst_scheme = std::max(worst_scheme, e);
+    }
+    EXPECT_GT(max_abs_diff(out.logits, ref.at("logits").toTensor()), 1e-3)
+        << "logits equal fp32's: the products did not run in bf16";
+
+    // Autocast.
+    const double d_loss = max_abs_diff(out.loss, ac.at("loss").toTensor());
+    EXPECT_LE(d_loss, 2 * max_abs_diff(ac.at("loss").toTensor(), ref.at("loss").toTensor()) + 3e-3)
+        << "loss";
+    const bool same_routing = !moe || torch::equal(counts, ac.at("counts").toTensor());
+    if (!same_routing) {
+      const int64_t moved = (counts - ac.at("counts").toTensor()).abs().sum().item<int64_t>() / 2;
+      std::printf("%s: %lld of %lld assignments routed differently from autocast (near-ties)\n",
+                  name.c_str(), static_cast<long long>(moved),
+                  static_cast<long long>(counts.sum().item<int64_t>()));
+      EXPECT_LE(moved * 50, counts.sum().item<int64_t>()) << "more than 2 % of the choices moved";
+      continue;
+    }
+    const double d_logits = max_abs_diff(out.logits, ac.at("logits").toTensor());
+    const double d_ref_logits =
+        max_abs_diff(ac.at("logits").toTensor(), ref.at("logits").toTensor());
+    EXPECT_LE(d_logits, 2 * d_ref_logits) << "logits";
+    EXPECT_LE(max_abs_diff(out.aux_loss, ac.at("aux_loss").toTensor()),
+              2 * max_abs_diff(ac.at("aux_loss").toTensor(), ref.at("aux_loss").toTensor()) + 1e-5)
+        << "aux loss";
+    const auto ac_grads = tensor_map(ac.at("grads")), ref_grads = tensor_map(ref.at("grads"));
+    double worst = 0;
+    for (const auto& [k, e] : grad_errors(ac)) {
+      const double d_ref = (ac_grads.at(k) - ref_grads.at(k)).norm().item<double>() /
+                           ac_grads.at(k).norm().item<double>();
+      EXPECT_LE(e, 2 * d_ref + 1e-3) << k << ": autocast's own distance from fp32 " << d_ref;
+      worst = std::max(worst, e);
+    }
+    std::printf(
+        "%s: from the scheme: worst gradient %.1e; from autocast: logits %.1e (autocast from "
+        "fp32 %.1e), loss %.1e, worst gradient %.1e\n",
+        name.c_str(), worst_scheme, d_logits, d_ref_logits, d_loss, worst);
+  }
+  set_product_settings(before);
 }
 
 // The routing analyses (vocabulary and per-expert specialisation, domain shares,

@@ -324,6 +324,51 @@ TEST(RunDirectory, DiskFullDuringACheckpoint) {
   EXPECT_EQ(resumed.step_losses.size(), 5u);  // steps 4..8 again
 }
 
+// bf16 mixed precision in the trainer: a run stopped and resumed in bf16 continues with the
+// losses of an uninterrupted bf16 run, its checkpoints hold fp32 weights that evaluate in
+// fp32 too, and resuming it in fp32 is refused naming the key. (bf16 on a CPU without bf16
+// instructions is emulated; allowed here so the test runs on any machine.)
+TEST(Trainer, Bf16RunResumesInBf16AndRefusesAnotherPrecision) {
+  const std::string dir = temp_dir("bf16");
+  Config cfg = tiny_config(dir, {"run.precision=bf16", "run.bf16_emulation=true"});
+  TrainOptions full_options;
+  full_options.out_dir = dir + "/full";
+  const TrainResult full = train(cfg, full_options);
+  TrainOptions first_options;
+  first_options.out_dir = dir + "/split";
+  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
+  const TrainResult first = train(cfg, first_options);
+  EXPECT_NE(read_text(dir + "/split/config.yaml").find("precision: \"bf16\""), std::string::npos);
+  EXPECT_NE(read_text(dir + "/split/train.log").find("matrix products in bf16"), std::string::npos);
+
+  Config fp32 = cfg;
+  fp32.run.precision = Precision::fp32;
+  TrainOptions resume;
+  resume.out_dir = dir + "/split";
+  resume.resume = true;
+  const std::string msg = error_of<CheckpointError>([&] { train(fp32, resume); });
+  EXPECT_NE(msg.find("with run.precision fp32: the run trains in bf16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hint: resume with run.precision: bf16"), std::string::npos) << msg;
+
+  const TrainResult second = train(cfg, resume);
+  std::vector<double> joined = first.step_losses;
+  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
+  EXPECT_EQ(joined, full.step_losses);  // one thread: bit for bit
+  // bf16 moved the numbers (a run that silently stayed in fp32 would match this one).
+  Config fp32_run = cfg;
+  fp32_run.run.precision = Precision::fp32;
+  TrainOptions fp32_options;
+  fp32_options.out_dir = dir + "/fp32";
+  const TrainResult f = train(fp32_run, fp32_options);
+  ASSERT_EQ(f.step_losses.size(), full.step_losses.size());
+  EXPECT_NE(f.step_losses.back(), full.step_losses.back());
+  EXPECT_NEAR(f.step_losses.back(), full.step_losses.back(), 0.05 * f.step_losses.back());
+  // The checkpoint holds fp32 weights.
+  MiniMindForCausalLM check(cfg.model);
+  load_weights(check, dir + "/full/checkpoints/step_00000008/model.pth");
+  for (const auto& p : check->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
+}
+
 TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {
   const std::string dir = temp_dir("halfwritten");
   TrainOptions options;
@@ -535,6 +580,10 @@ TEST(Trainer, ResumeMidIntervalLogsTheSameMonitoring) {
 // compared exactly, so any change to numerics fails here, naming the first step that moved.
 // OpenBLAS picks its kernels by CPU: on a machine whose kernel set differs from the one the
 // file was written with, summation order differs and the values are compared to 1e-4.
+void golden_run(const std::string& dir, const std::string& matmul, const std::string& golden_core,
+                const std::vector<std::vector<double>>& train_rows,
+                const std::vector<std::pair<int64_t, double>>& eval_rows);
+
 TEST(Golden, MoePresetLossesPerStep) {
   const std::string dir = temp_dir("golden");
   std::ifstream golden(source_path("tests/golden/moe_12_steps.txt"));
@@ -559,24 +608,37 @@ TEST(Golden, MoePresetLossesPerStep) {
     }
   }
   ASSERT_EQ(train_rows.size(), 12u);
+  // The file holds OpenBLAS's products; oneDNN's fp32 products (what run.matmul: auto takes
+  // on most CPUs) sum in another order and are held to the other-kernels tolerance.
+  for (const std::string matmul : {"openblas", "onednn"}) {
+    SCOPED_TRACE("run.matmul " + matmul);
+    golden_run(dir + "/" + matmul, matmul, golden_core, train_rows, eval_rows);
+  }
+}
+
+void golden_run(const std::string& dir, const std::string& matmul, const std::string& golden_core,
+                const std::vector<std::vector<double>>& train_rows,
+                const std::vector<std::pair<int64_t, double>>& eval_rows) {
   Config cfg = load_config(source_path("configs/moe.yaml"),
                            {"run.threads=1", "train.max_steps=12", "train.warmup_steps=4",
                             "log.interval=1", "data.train=" + source_path("data/austen.jsonl"),
-                            "data.cache_dir=" + dir + "/cache"})
+                            "data.cache_dir=" + dir + "/cache", "run.matmul=" + matmul})
                    .config;
   TrainOptions options;
   options.out_dir = dir + "/run";
   const TrainResult r = train(cfg, options);
   const RunLogs logs = read_run_logs(dir + "/run");
   ASSERT_EQ(logs.train.size(), 12u);
-  const bool same_kernels = blas_core_name() == golden_core;
+  const bool same_kernels = blas_core_name() == golden_core && matmul == "openblas";
   // Other kernels round every GEMM differently and 12 steps of training carry that on:
   // OpenBLAS's Cooperlake kernels (an AMD VM, 2026-12-01) ended the grad norm 1.6e-4 from
   // the Prescott golden file at step 12 (SkylakeX and Haswell stayed within 1e-4).
   const double tol = same_kernels ? 0.0 : 1e-3;
   if (!same_kernels)
-    std::printf("OpenBLAS kernels '%s' differ from the golden file's '%s': comparing to %g\n",
-                blas_core_name().c_str(), golden_core.c_str(), tol);
+    std::printf(
+        "products (%s, OpenBLAS kernels '%s') differ from the golden file's (OpenBLAS "
+        "'%s'): comparing to %g\n",
+        matmul.c_str(), blas_core_name().c_str(), golden_core.c_str(), tol);
   for (size_t i = 0; i < 12; ++i) {
     const TrainRecord& t = logs.train[i];
     const std::vector<double>& g = train_rows[i];

@@ -3,13 +3,15 @@
 measured like minimind-bench: median step time over the measured steps, fwd/bwd/optimizer
 split, peak RSS, MFU against an fp32 matmul peak measured in this process.
 
-Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY]   (prints one JSON line)
+Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY] [PRECISION]   (one JSON line)
 POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS;
 scripts/bench.sh also gives it the C++ side's malloc thresholds through glibc's
 MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, which must be set before Python starts);
 "minimind": what MiniMind's scripts get (torch THREADS, OpenBLAS's own default of one
-thread per core).
+thread per core). PRECISION "fp32" (default) or "bf16": the forward under
+torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user trains in bf16 on a CPU.
 """
+import contextlib
 import ctypes
 import json
 import os
@@ -57,6 +59,9 @@ def main():
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 12
     warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     policy = sys.argv[5] if len(sys.argv) > 5 else "same"
+    precision = sys.argv[6] if len(sys.argv) > 6 else "fp32"
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
+        else contextlib.nullcontext
     set_blas_threads(threads)
     peak = peak_gflops()
     torch.set_num_threads(1 if policy == "same" else threads)
@@ -72,8 +77,9 @@ def main():
     fwd, bwd, optim, total = [], [], [], []
     for s in range(warmup + steps):
         t0 = time.perf_counter()
-        _, loss, aux, _, _ = model(ids, ids)
-        loss = loss + aux
+        with autocast():
+            _, loss, aux, _, _ = model(ids, ids)
+            loss = loss + aux
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -97,7 +103,7 @@ def main():
     flops = 6 * (L * (attn + ffn) + H * V) + 12 * L * 256 * 8 * d
     tok_s = 8 * 256 / step
     print(json.dumps({
-        "impl": "pytorch" if policy == "same" else "pytorch-" + policy, "preset": preset, "threads": threads, "tok_s": round(tok_s, 1),
+        "impl": "pytorch" if policy == "same" else "pytorch-" + policy, "preset": preset, "precision": precision, "threads": threads, "tok_s": round(tok_s, 1),
         "tok_s_min": round(min(rates), 1), "tok_s_max": round(max(rates), 1), "step_ms": round(1e3 * step, 1),
         "fwd_ms": round(1e3 * median(fwd), 1), "bwd_ms": round(1e3 * median(bwd), 1),
         "opt_ms": round(1e3 * median(optim), 1),

@@ -15,11 +15,13 @@ draws from it), as the C++ test does.
 
 Usage: /usr/bin/python3 make_fixtures.py OUT_DIR
 """
+import contextlib
 import os
 import sys
 
 import torch
 import yaml
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimind_ref import MiniMindConfig, MiniMindForCausalLM  # noqa: E402
@@ -230,6 +232,87 @@ def run_case(name, keys, mode, special, out_dir):
     torch.save(fixture, os.path.join(out_dir, f"{name}.pt"))
 
 
+# bf16 mixed precision against torch.autocast: these fp32 cases again, their weights and
+# batch, the forward and backward under autocast("cpu", bfloat16).
+BF16_CASES = ["dense_train", "moe_top1_norm_train", "moe_top2_norm_train", "lab_minimind2"]
+
+
+IN_ROUTER = [False]
+
+
+def fp32_route(route):
+    """The router outside autocast (and outside Bf16Products): its logits, softmax and top-k
+    in fp32, as the C++ bf16 path keeps them (routing must not move with bf16 rounding)."""
+    def wrapped(self, x_flat, token_ids):
+        IN_ROUTER[0] = True
+        try:
+            with torch.autocast("cpu", enabled=False):
+                return route(self, x_flat.float(), token_ids)
+        finally:
+            IN_ROUTER[0] = False
+    return wrapped
+
+
+class RoundInput(torch.autograd.Function):
+    """Forward: x rounded to bf16 (kept as fp32 values). Backward: the gradient as it is."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.bfloat16().float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class RoundGradient(torch.autograd.Function):
+    """Forward: x as it is. Backward: the incoming gradient rounded to bf16."""
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.bfloat16().float()
+
+
+class Bf16Products(TorchFunctionMode):
+    """The C++ tool's bf16 scheme written out in fp32: every product (linear, matmul) takes
+    bf16-rounded inputs and accumulates in fp32 (a product of two bf16 values is exact in
+    fp32), its backward rounds the incoming gradient before its two products; everything
+    else, the router included, stays fp32."""
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if IN_ROUTER[0] or getattr(func, "__name__", "") not in ("linear", "matmul", "__matmul__"):
+            return func(*args, **kwargs)
+        a, b = RoundInput.apply(args[0]), RoundInput.apply(args[1])
+        return RoundGradient.apply(func(a, b, *args[2:], **kwargs))
+
+
+def bf16_case(name, out_dir):
+    """bf16_<name>.pt: logits, losses, counts and gradients in fp32, in the C++ tool's bf16
+    scheme ("scheme", Bf16Products) and under torch.autocast ("bf16")."""
+    keys, _, _ = CASES[name]
+    cfg = MiniMindConfig(**keys)
+    fixture = {}
+    for tag in ("fp32", "scheme", "bf16"):
+        model = MiniMindForCausalLM(cfg)
+        model.load_state_dict(torch.load(os.path.join(out_dir, f"{name}.weights.pth")))
+        model.train()
+        ref = torch.load(os.path.join(out_dir, f"{name}.pt"))
+        ids, labels = ref["input_ids"], ref["labels"]
+        torch.manual_seed(SEED_FORWARD)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tag == "bf16"), \
+                (Bf16Products() if tag == "scheme" else contextlib.nullcontext()):
+            logits, loss, aux, z, counts = model(ids, labels)
+        (loss + aux + z).backward()
+        fixture[tag] = {"logits": logits.detach().float(), "loss": loss.detach().float(),
+                        "aux_loss": aux.detach().float(), "z_loss": z.detach().float(),
+                        "grads": {n: p.grad.float() for n, p in model.named_parameters()}}
+        if counts:
+            fixture[tag]["counts"] = torch.stack(counts)
+    torch.save(fixture, os.path.join(out_dir, f"bf16_{name}.pt"))
+
+
 def routing_analysis_fixture(out_dir):
     """routing_analysis.pt: random choices (k = 1 and k = 2) with the reference metrics,
     and checkpoints' choices with their saturation and flip rates."""
@@ -255,6 +338,10 @@ def main():
     torch.set_num_threads(1)  # with one thread C++ and Python results are reproducible
     for name, (keys, mode, special) in CASES.items():
         run_case(name, keys, mode, special, out_dir)
+    from minimind_ref import MOEFeedForward  # noqa: E402
+    MOEFeedForward.route = fp32_route(MOEFeedForward.route)
+    for name in BF16_CASES:
+        bf16_case(name, out_dir)
     routing_analysis_fixture(out_dir)
     with open(os.path.join(out_dir, "cases.txt"), "w") as f:
         f.write("\n".join(CASES) + "\n")

@@ -16,6 +16,12 @@ enum class ScoringFunc { softmax, sigmoid };
 enum class DropPolicy { probs, position };
 // model.router: the learned router, or a control that routes without a score.
 enum class RouterKind { learned, random, hash };
+// run.precision: the matrix products' input precision (docs/precision.md). bf16 rounds their
+// inputs to bfloat16 and accumulates in fp32; weights, gradients and everything else stay fp32.
+enum class Precision { fp32, bf16 };
+// run.matmul: which library runs the fp32 products ("auto": the faster on this CPU, by a
+// probe at start-up). bf16 products always run on oneDNN.
+enum class MatmulBackend { automatic, openblas, onednn };
 
 // choice_names<E>(): the YAML name of each value, in the enum's order.
 template <class E>
@@ -35,6 +41,15 @@ struct ChoiceNames<DropPolicy> {
 template <>
 struct ChoiceNames<RouterKind> {
   static constexpr std::array<const char*, 3> names{"learned", "random", "hash"};
+};
+
+template <>
+struct ChoiceNames<Precision> {
+  static constexpr std::array<const char*, 2> names{"fp32", "bf16"};
+};
+template <>
+struct ChoiceNames<MatmulBackend> {
+  static constexpr std::array<const char*, 3> names{"auto", "openblas", "onednn"};
 };
 
 template <class E>

@@ -24,6 +24,13 @@ struct RunConfig {
   // Multi-process runs: seconds a rank waits for the others (start-up, each collective)
   // before the job stops with an error naming the failed step.
   int64_t dist_timeout = 600;
+  // The matrix products (docs/precision.md): bf16 inputs with fp32 accumulation, or fp32.
+  // A resumed run keeps its precision.
+  Precision precision = Precision::fp32;
+  // bf16 on a CPU without bf16 instructions: oneDNN emulates them, several times slower
+  // than fp32; refused unless this is true.
+  bool bf16_emulation = false;
+  MatmulBackend matmul = MatmulBackend::automatic;  // the fp32 products' library
 };
 
 // Field names and defaults are MiniMind's MiniMindConfig (docs/minimind-spec.md).
@@ -143,8 +150,9 @@ struct Config {
 
 // ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
 // Choices (choices.h) are parsed and written by their names.
-using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
-                              AuxScope*, ScoringFunc*, DropPolicy*, RouterKind*>;
+using FieldRef =
+    std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*, AuxScope*,
+                 ScoringFunc*, DropPolicy*, RouterKind*, Precision*, MatmulBackend*>;
 
 struct Field {
   const char* section;

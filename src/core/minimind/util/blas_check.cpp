@@ -76,13 +76,16 @@ std::string blas_kernels_changed() {
 
 int blas_threads() {
   using GetThreads = int (*)();
-  auto fn = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  // Looked up once: every matrix product asks (util/matmul.cpp), and dlsym is a hash search.
+  static const auto fn =
+      reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   return fn ? fn() : 0;
 }
 
 bool set_blas_threads(int n) {
   using SetThreads = void (*)(int);
-  auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static const auto fn =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   if (!fn) return false;
   fn(n);
   return true;

@@ -59,10 +59,8 @@ void onednn_sgemm(int64_t M, int64_t N, int64_t K, const float* A, const float* 
   TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
 }
 
-namespace {
-
-// GFLOP/s of the best of `reps` runs of `product` (one warm-up first).
-double gflops_of(const std::function<void()>& product, int64_t n, int reps = 3) {
+double product_gflops(const std::function<void()>& product, int64_t M, int64_t N, int64_t K,
+                      int reps) {
   product();
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
@@ -70,9 +68,11 @@ double gflops_of(const std::function<void()>& product, int64_t n, int reps = 3) 
     product();
     best = std::min(best, clock.seconds());
   }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best /
+  return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) / best /
          1e9;
 }
+
+namespace {
 
 // torch's intra-op threads (oneDNN's OpenMP pool is the same) at one while it lives.
 class OneTorchThread {
@@ -100,14 +100,14 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
   dnnl::stream stream(engine);
   for (const int64_t n : {512, 1024, 1536}) {
     torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
-    blas.gflops = std::max(blas.gflops, gflops_of([&] { torch::mm_out(c, a, b); }, n));
+    blas.gflops = std::max(blas.gflops, product_gflops([&] { torch::mm_out(c, a, b); }, n, n, n));
     sgemm.gflops =
-        std::max(sgemm.gflops, gflops_of(
+        std::max(sgemm.gflops, product_gflops(
                                    [&] {
                                      onednn_sgemm(n, n, n, a.data_ptr<float>(), b.data_ptr<float>(),
                                                   c.data_ptr<float>());
                                    },
-                                   n));
+                                   n, n, n));
     // bf16 inputs, fp32 output: the product mixed precision runs.
     using tag = dnnl::memory::format_tag;
     using dt = dnnl::memory::data_type;
@@ -119,14 +119,14 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
     dnnl::memory am(a_md, engine, a16.data_ptr()), bm(b_md, engine, b16.data_ptr()),
         cm(c_md, engine, c.data_ptr());
     const dnnl::matmul matmul(pd);
-    bf16.gflops = std::max(bf16.gflops, gflops_of(
+    bf16.gflops = std::max(bf16.gflops, product_gflops(
                                             [&] {
                                               matmul.execute(stream, {{DNNL_ARG_SRC, am},
                                                                       {DNNL_ARG_WEIGHTS, bm},
                                                                       {DNNL_ARG_DST, cm}});
                                               stream.wait();
                                             },
-                                            n));
+                                            n, n, n));
   }
   return {blas, sgemm, bf16};
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct MatmulPeak {
 // best of square products of side 512, 1024 and 1536, each timed as the best of a few.
 // About a second.
 std::vector<MatmulPeak> measure_matmul_peaks();
+
+// GFLOP/s of an [M, K] x [K, N] product: the best of `reps` runs after one warm-up.
+double product_gflops(const std::function<void()>& product, int64_t M, int64_t N, int64_t K,
+                      int reps = 3);
 
 // The best entry of `precision` ("" if none).
 const MatmulPeak* best_peak(const std::vector<MatmulPeak>& peaks, const std::string& precision);

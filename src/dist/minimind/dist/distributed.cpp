@@ -209,6 +209,7 @@ void Distributed::broadcast_from_main(const std::vector<torch::Tensor>& tensors)
     for (const auto& t : tensors) {
       std::vector<torch::Tensor> v{t.detach()};
       group_->pg->broadcast(v)->wait();
+      torch::autograd::impl::bump_version(t);  // written in place (util/matmul.h's copies)
     }
   });
 }

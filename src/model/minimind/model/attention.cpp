@@ -79,12 +79,12 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<torch::Tensor> outs;
   for (int64_t t0 = 0; t0 < T; t0 += block) {
     const int64_t n = std::min(block, T - t0), end = t0 + n;  // queries [t0, end)
-    torch::Tensor scores = torch::matmul(qg.narrow(2, t0 * rep, n * rep), kt.narrow(3, 0, end)) /
+    torch::Tensor scores = batched_product(qg.narrow(2, t0 * rep, n * rep), kt.narrow(3, 0, end)) /
                            scale;  // [B, kv, n*rep, end]
     torch::Tensor mask = diagonal_mask.narrow(0, 0, n * rep).narrow(1, 0, n);
     if (t0 > 0) mask = torch::cat({torch::zeros({n * rep, t0}, mask.options()), mask}, 1);
     torch::Tensor probs = attention_probs(scores + mask, dropout, training);
-    outs.push_back(torch::matmul(probs, vt.narrow(2, 0, end)));  // [B, kv, n*rep, d]
+    outs.push_back(batched_product(probs, vt.narrow(2, 0, end)));  // [B, kv, n*rep, d]
   }
   torch::Tensor out = outs.size() == 1 ? outs[0] : torch::cat(outs, 2);  // [B, kv, T*rep, d]
   return out.view({B, kv, T, rep, d}).permute({0, 2, 1, 3, 4}).reshape({B, T, heads * d});
@@ -114,7 +114,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
     // sees keys 0..past + i; a single query (a generated token) sees every key.
     const int64_t S = k.size(1);  // keys visible: past + T
     torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
-    torch::Tensor scores = torch::matmul(qg, k.permute({0, 2, 3, 1})) /
+    torch::Tensor scores = batched_product(qg, k.permute({0, 2, 3, 1})) /
                            std::sqrt(static_cast<double>(head_dim_));  // [B, kv, rep*T, S]
     if (T > 1)
       scores =
@@ -122,7 +122,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
                        .triu(past + 1)
                        .repeat({rep, 1});
     torch::Tensor probs = attention_probs(scores, dropout_, is_training());
-    out = torch::matmul(probs, v.transpose(1, 2));  // [B, kv, rep*T, d]
+    out = batched_product(probs, v.transpose(1, 2));  // [B, kv, rep*T, d]
     out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
   }
   return torch::dropout(project(out, o_proj->weight), dropout_, is_training());  // [B, T, H]

@@ -1,9 +1,12 @@
-// MiniMind's projections have no bias: Linear(in, out, bias=False).
+// MiniMind's projections (Linear(in, out, bias=False)) and the model's other matrix
+// products, in the run's precision on the library util/matmul.h chose, with their backward
+// products on the same path.
 #pragma once
 
 #include <torch/torch.h>
 
-#include <vector>
+#include "minimind/choices.h"
+#include "minimind/util/matmul.h"
 
 namespace minimind {
 
@@ -11,15 +14,17 @@ inline torch::nn::Linear linear_no_bias(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
-// x @ w^T over the last axis (x: [..., in], w: [out, in] -> [..., out]). A single row (a
-// generated token) takes a matrix-vector product: OpenBLAS's GEMM packs the whole weight
-// into its panel layout even for one row, which was most of a generated token's time;
-// its GEMV reads the weight once.
+// x @ w^T over the last axis (x: [..., in], w: [out, in], a parameter -> [..., out]).
+// fp32 on OpenBLAS is ATen's own linear, except a single row (a generated token), which
+// takes a matrix-vector product: OpenBLAS's GEMM packs the whole weight into its panel
+// layout even for one row, which was most of a generated token's time; its GEMV reads the
+// weight once.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, Precision precision);
 inline torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w) {
-  if (x.numel() != x.size(-1)) return torch::linear(x, w);
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = w.size(0);
-  return torch::mv(w, x.reshape({-1})).view(shape);
+  return project(x, w, product_settings().precision);
 }
+
+// a [..., M, K] @ b [..., K, N] with equal leading dimensions (attention's two products).
+torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b);
 
 }  // namespace minimind

@@ -47,7 +47,9 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
     r.weight = torch::ones({N, 1}, x_flat.options());
     return r;
   }
-  r.logits = project(x_flat, gate->weight);  // [N, E]
+  // fp32 whatever the run's precision: the routing decisions (top-k of near-equal scores) and
+  // the aux losses' probabilities must not move with bf16's rounding.
+  r.logits = project(x_flat, gate->weight, Precision::fp32);  // [N, E]
   torch::Tensor scores;
   if (opt_.scoring == ScoringFunc::sigmoid) {
     scores = torch::sigmoid(r.logits);                    // [N, E] independent affinities

@@ -4,6 +4,7 @@
 
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
+#include "minimind/util/matmul.h"
 
 namespace minimind {
 
@@ -11,11 +12,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// out = a @ b, written into out (a view into a buffer allocated once per call).
-void mm_into(torch::Tensor out, const torch::Tensor& a, const torch::Tensor& b) {
-  at::mm_out(out, a, b);
-}
 
 // d/dg = (ga * u) * s * (1 + g * (1 - s)) with s = sigmoid(g) (SiluBackward's formula),
 // d/du = ga * silu(g), in one pass over the rows (three passes and a temporary as ATen ops);
@@ -149,20 +145,34 @@ std::vector<int64_t> row_offsets(const std::vector<int64_t>& counts) {
   return off;
 }
 
+// The products' operands in `p`: bf16 rounds x (and the experts' weights, kept rounded until
+// the optimizer changes them) once per call, not once per product.
+torch::Tensor operand(const torch::Tensor& t, Precision p, bool parameter = false) {
+  return p == Precision::bf16 ? to_bf16(t, parameter) : t;
+}
+
 // Inputs: x, the routing weights, then per expert gate_proj, up_proj, down_proj weights
-// ([I, H], [I, H], [H, I]); the tokens and counts ride along as constants.
+// ([I, H], [I, H], [H, I]); the tokens, counts and precision ride along as constants.
+// Products run in the precision (util/matmul.h); the SwiGLU, the weighted sum and the
+// routing weight's gradient stay fp32.
 struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
-                               std::vector<int64_t> counts, at::TensorList weights) {
+                               std::vector<int64_t> counts, int64_t precision,
+                               at::TensorList weights_in) {
+    const auto p = static_cast<Precision>(precision);
+    const torch::Tensor x = operand(x_in, p);  // [N, H]
+    variable_list weights = weights_in.vec();
+    for (auto& w : weights) w = operand(w, p, true);
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights[0].size(0);
     const std::vector<int64_t> first = row_offsets(counts);
     // gu = [g | u]: gate and up projections side by side, so the backward gets both weights'
     // gradients from one GEMM over dgu = [d/dg | d/du].
-    torch::Tensor gu = torch::empty({M, 2 * I}, x.options());  // [M, 2I]
-    torch::Tensor silu_g = torch::empty({M, I}, x.options());  // [M, I], kept for the backward
-    torch::Tensor a = torch::empty({M, I}, x.options());       // [M, I] = silu(g) * u
-    torch::Tensor ys = torch::empty({M, H}, x.options());      // [M, H] each row's expert output
+    const auto opts = weight.options();                 // fp32 (float64 in the fp64 tests)
+    torch::Tensor gu = torch::empty({M, 2 * I}, opts);  // [M, 2I]
+    torch::Tensor silu_g = torch::empty({M, I}, opts);  // [M, I], kept for the backward
+    torch::Tensor a = torch::empty({M, I}, opts);       // [M, I] = silu(g) * u
+    torch::Tensor ys = torch::empty({M, H}, opts);      // [M, H] each row's expert output
     run_blas_tasks(
         busiest_first(counts),
         [&](int64_t e) {
@@ -170,12 +180,12 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           const torch::Tensor xe = x.index_select(0, token.narrow(0, off, m));  // [m, H]
           const torch::Tensor rows = gu.narrow(0, off, m);
           const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
-          mm_into(g, xe, weights[3 * e].t());
-          mm_into(u, xe, weights[3 * e + 1].t());
+          matmul_into(g, xe, weights[3 * e].t(), p);
+          matmul_into(u, xe, weights[3 * e + 1].t(), p);
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
           at::silu_out(s, g);
           at::mul_out(a_e, s, u);
-          mm_into(ys.narrow(0, off, m), a_e, weights[3 * e + 2].t());
+          matmul_into(ys.narrow(0, off, m), a_e, weights[3 * e + 2].t(), p);
         },
         side_by_side(I));
     const TokenRows r = rows_of_tokens(token, N);
@@ -183,7 +193,8 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     ctx->save_for_backward({x, weight, gu, a, silu_g, ys});
     ctx->saved_data["token"] = token;
     ctx->saved_data["counts"] = counts;
-    ctx->saved_data["weights"] = weights.vec();
+    ctx->saved_data["precision"] = precision;
+    ctx->saved_data["weights"] = weights;
     return y;
   }
 
@@ -194,13 +205,15 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     const torch::Tensor token = ctx->saved_data["token"].toTensor();
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const variable_list weights = ctx->saved_data["weights"].toTensorVector();
+    const auto p = static_cast<Precision>(ctx->saved_data["precision"].toInt());
     const torch::Tensor gy = grad_out[0].contiguous();  // [N, H]
     const int64_t N = x.size(0), E = static_cast<int64_t>(counts.size()), I = a.size(1);
     const std::vector<int64_t> first = row_offsets(counts);
     variable_list gw(3 * E);
     for (int64_t e = 0; e < E; ++e)
       if (counts[e] == 0)  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
-        for (int j = 0; j < 3; ++j) gw[3 * e + j] = torch::zeros_like(weights[3 * e + j]);
+        for (int j = 0; j < 3; ++j)
+          gw[3 * e + j] = torch::zeros(weights[3 * e + j].sizes(), weight.options());
     torch::Tensor gweight = torch::empty_like(weight);  // [M]
     torch::Tensor ga = torch::empty_like(a);            // [M, I]
     torch::Tensor dgu = torch::empty_like(gu);          // [M, 2I] = [d/dg | d/du]
@@ -218,26 +231,28 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
           // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's forms).
           torch::Tensor ga_e = ga.narrow(0, off, m);
-          mm_into(ga_e, gy_e, weights[3 * e + 2]);
-          gw[3 * e + 2] = at::mm(gy_e.t(), a_e);
+          const torch::Tensor gy_p = operand(gy_e, p);
+          matmul_into(ga_e, gy_p, weights[3 * e + 2], p);
+          gw[3 * e + 2] = matmul(gy_p.t(), a_e, p);
           // Through a = silu(g) * u (as MulBackward and SiluBackward).
           const torch::Tensor rows = gu.narrow(0, off, m), drows = dgu.narrow(0, off, m);
           torch::Tensor dg = drows.narrow(1, 0, I), du = drows.narrow(1, I, I);
           swiglu_backward(ga_e, rows.narrow(1, 0, I), rows.narrow(1, I, I),
                           silu_g.narrow(0, off, m), dg, du);
-          const torch::Tensor xe = x.index_select(0, tok);    // [m, H]
-          const torch::Tensor gw_gu = at::mm(drows.t(), xe);  // [2I, H]: both weights' gradients
+          const torch::Tensor xe = x.index_select(0, tok);         // [m, H]
+          const torch::Tensor drows_p = operand(drows, p);         // [m, 2I]
+          const torch::Tensor gw_gu = matmul(drows_p.t(), xe, p);  // [2I, H]: both weights' grads
           gw[3 * e] = gw_gu.narrow(0, 0, I);
           gw[3 * e + 1] = gw_gu.narrow(0, I, I);
           // The row's two uses (gate and up) each give a gradient; they add up (a + b == b + a).
           torch::Tensor gx_e = gxs.narrow(0, off, m);
-          mm_into(gx_e, dg, weights[3 * e]);
-          gx_e.add_(at::mm(du, weights[3 * e + 1]));
+          matmul_into(gx_e, drows_p.narrow(1, 0, I), weights[3 * e], p);
+          gx_e.add_(matmul(drows_p.narrow(1, I, I), weights[3 * e + 1], p));
         },
         side_by_side(I));
     // The gather's backward: each token adds its rows' gradients in order (index_add).
     torch::Tensor gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
-    variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor()};
+    variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
     grads.insert(grads.end(), gw.begin(), gw.end());
     return grads;
   }
@@ -261,6 +276,7 @@ torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
   }
   return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(),
                              token.to(torch::kLong).contiguous(), counts,
+                             static_cast<int64_t>(product_settings().precision),
                              at::TensorList(weights));  // one input per weight
 }
 

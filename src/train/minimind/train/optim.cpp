@@ -129,6 +129,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         p.addcdiv_(st.exp_avg(), denom, -step_size);
         continue;
       }
+      // The update writes p through its pointer: say so, as an in-place op would (a copy
+      // made from p, such as its bf16 rounding, checks the version to know it is stale).
+      torch::autograd::impl::bump_version(p);
       // The scalars as torch's ops receive them: doubles cast to the tensor's float.
       fused.push_back(
           {p.data_ptr<float>(), grad.data_ptr<float>(), st.exp_avg().data_ptr<float>(),

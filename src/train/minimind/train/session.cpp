@@ -10,6 +10,7 @@
 #include "minimind/train/train_step.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/matmul.h"
 
 namespace fs = std::filesystem;
 
@@ -48,6 +49,14 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
     throw CheckpointError("cannot resume '" + checkpoint + "' with a different model (" +
                               fmt::format("{}", fmt::join(model_diff, "; ")) + ")",
                           "resume with the run's own config: " + run_dir + "/config.yaml");
+  // The precision changes the run's numbers throughout, as a model change would.
+  if (saved.run.precision != cfg.run.precision)
+    throw CheckpointError(
+        fmt::format("cannot resume '{}' with run.precision {}: the run trains "
+                    "in {}",
+                    checkpoint, name_of(cfg.run.precision), name_of(saved.run.precision)),
+        fmt::format("resume with run.precision: {} (or start a new run)",
+                    name_of(saved.run.precision)));
   for (const auto& d : config_differences(saved, cfg))
     log.warn("resuming with a changed setting: {}", d);
   log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step,
@@ -95,6 +104,9 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
+  const ProductChoice products =
+      configure_products(cfg.run.precision, cfg.run.matmul, cfg.run.bf16_emulation);
+  if (main_rank) log.info("{}", products.describe());
   const BlasReport blas = check_blas();
   if (!blas.ok)
     log.warn(

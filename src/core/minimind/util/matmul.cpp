@@ -1,0 +1,390 @@
+#include "minimind/util/matmul.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "minimind/error.h"
+#include "minimind/util/blas_check.h"
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
+#include "minimind/util/matmul_peak.h"
+
+namespace minimind {
+
+namespace {
+
+ProductSettings g_settings;  // set at start-up, before the first product
+
+// oneDNN takes the choice only when the probe finds it this much faster: the two libraries
+// sum in different orders, and a choice that flipped between two runs of one config on one
+// machine would make them differ in the last bits.
+constexpr double kOnednnMargin = 1.15;
+
+// A 2-D operand as a row-major GEMM sees it: 'N' (rows at stride ld) or 'T' (the
+// transpose of a row-major [cols, rows] matrix with row stride ld).
+struct Layout {
+  char trans;
+  int64_t ld;
+};
+
+// t itself when one of its strides is 1 (and the other leaves room), else a contiguous copy.
+torch::Tensor gemm_operand(const torch::Tensor& t, Layout& layout) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (r > 1 && c > 1) {
+    if (t.stride(1) == 1 && t.stride(0) >= c) {
+      layout = {'N', t.stride(0)};
+      return t;
+    }
+    if (t.stride(0) == 1 && t.stride(1) >= r) {
+      layout = {'T', t.stride(1)};
+      return t;
+    }
+  }
+  layout = {'N', std::max<int64_t>(c, 1)};  // a row or a column: its elements packed
+  return t.contiguous();
+}
+
+// Element offset of row i (trans 'N': row i of op(A); 'T': column i of the stored matrix).
+int64_t row_offset(const Layout& l, int64_t i) {
+  return l.trans == 'N' ? i * l.ld : i;
+}
+int64_t col_offset(const Layout& l, int64_t j) {
+  return l.trans == 'N' ? j : j * l.ld;
+}
+
+// Runs part(m0, m1, n0, n1) over a split of the [M, N] output among the cores OpenBLAS has
+// (one part each; serial inside a task, where OpenBLAS has one). Rows are split, or columns
+// when there are too few rows to share.
+void split_output(int64_t M, int64_t N,
+                  const std::function<void(int64_t, int64_t, int64_t, int64_t)>& part) {
+  const int64_t threads = std::max(1, blas_threads());
+  constexpr int64_t kMinPart = 32;  // rows (columns) per part below which a split costs more
+  const bool by_rows = M >= kMinPart * threads || M >= N;
+  const int64_t extent = by_rows ? M : N;
+  const int64_t parts = std::min<int64_t>(threads, std::max<int64_t>(1, extent / kMinPart));
+  if (parts <= 1) {
+    at::internal::lazy_init_num_threads();  // oneDNN's OpenMP threads: torch's count
+    part(0, M, 0, N);
+    return;
+  }
+  std::vector<int64_t> order(parts);
+  for (int64_t p = 0; p < parts; ++p) order[p] = p;
+  run_blas_tasks(order, [&](int64_t p) {
+    at::internal::lazy_init_num_threads();  // a helper thread: torch's one thread, not all cores
+    const int64_t lo = extent * p / parts, hi = extent * (p + 1) / parts;
+    by_rows ? part(lo, hi, 0, N) : part(0, M, lo, hi);
+  });
+}
+
+void sgemm_onednn(const Layout& la, const float* A, const Layout& lb, const float* B, float* C,
+                  int64_t ldc, int64_t M, int64_t N, int64_t K) {
+  split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const dnnl_status_t status =
+        dnnl_sgemm(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0), la.ld,
+                   B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
+    TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
+  });
+}
+
+// ---- bf16: oneDNN's matmul primitive with every dimension given at execution, one per
+// layout of the two inputs (row-major or transposed), shared by all threads (a primitive is
+// immutable and may run on several threads at once). A primitive per shape, the obvious
+// alternative, meant one per expert's row count: a new one, and its memory, almost every call.
+// With runtime dimensions oneDNN 2.6 takes its gemm:jit kernels, which ran the bench model's
+// shapes as fast as the shape-specific brgemm ones.
+const dnnl::engine& engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+using dims = dnnl::memory::dims;
+
+struct Bf16Product {
+  dnnl::matmul primitive;
+  dnnl::memory::desc scratchpad;
+};
+
+const Bf16Product& bf16_primitive(bool a_transposed, bool b_transposed) {
+  static std::once_flag once;
+  static std::array<std::optional<Bf16Product>, 4> products;
+  std::call_once(once, [] {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    constexpr int64_t R = DNNL_RUNTIME_DIM_VAL;
+    for (int layout = 0; layout < 4; ++layout) {
+      const dnnl::memory::desc a_md(dims{R, R}, dt::bf16, layout & 1 ? tag::ba : tag::ab),
+          b_md(dims{R, R}, dt::bf16, layout & 2 ? tag::ba : tag::ab),
+          c_md(dims{R, R}, dt::f32, tag::ab);
+      // The caller's scratchpad, kept per thread: oneDNN's own is allocated per call.
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine());
+      products[layout].emplace(Bf16Product{dnnl::matmul(pd), pd.scratchpad_desc()});
+    }
+  });
+  return *products[(a_transposed ? 1 : 0) + (b_transposed ? 2 : 0)];
+}
+
+// This thread's scratchpad of at least `bytes`, kept for its next products.
+void* scratchpad(size_t bytes) {
+  thread_local std::vector<uint8_t> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
+// The strides oneDNN is given for an operand gemm_operand accepted; a dimension of size 1
+// gets the stride its packed layout implies (ATen leaves such strides arbitrary).
+std::array<int64_t, 2> dnnl_strides(const torch::Tensor& t) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (r > 1 && c > 1) return {t.stride(0), t.stride(1)};
+  if (c > 1) return {c, 1};
+  if (r > 1) return {1, r};
+  return {1, 1};
+}
+
+void gemm_bf16(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const std::array<int64_t, 2> as = dnnl_strides(a), bs = dnnl_strides(b);
+  const auto* A = static_cast<const uint16_t*>(a.data_ptr());
+  const auto* B = static_cast<const uint16_t*>(b.data_ptr());
+  float* C = c.data_ptr<float>();
+  const int64_t ldc = c.size(0) == 1 ? c.size(1) : c.stride(0);
+  split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const Bf16Product& mm = bf16_primitive(as[1] != 1, bs[1] != 1);
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md(dims{m1 - m0, K}, dt::bf16, dims{as[0], as[1]}),
+        b_md(dims{K, n1 - n0}, dt::bf16, dims{bs[0], bs[1]}),
+        c_md(dims{m1 - m0, n1 - n0}, dt::f32, dims{ldc, 1});
+    dnnl::memory am(a_md, engine(), const_cast<uint16_t*>(A + m0 * as[0])),
+        bm(b_md, engine(), const_cast<uint16_t*>(B + n0 * bs[1])),
+        cm(c_md, engine(), C + m0 * ldc + n0);
+    thread_local dnnl::stream stream(engine());
+    const dnnl::memory sm(mm.scratchpad, engine(), scratchpad(mm.scratchpad.get_size()));
+    mm.primitive.execute(stream, {{DNNL_ARG_SRC, am},
+                                  {DNNL_ARG_WEIGHTS, bm},
+                                  {DNNL_ARG_DST, cm},
+                                  {DNNL_ARG_SCRATCHPAD, sm}});
+    stream.wait();
+  });
+}
+
+// A bf16 operand whose strides oneDNN takes: unit stride in one dimension.
+torch::Tensor bf16_operand(const torch::Tensor& t) {
+  torch::Tensor r = to_bf16(t);
+  Layout unused{};
+  return gemm_operand(r, unused);
+}
+
+// One core each, the bench model's FFN products forward ([1024, 256] x [256, 832]) and
+// backward ([1024, 832] x [832, 256]): the lower of the two figures per library.
+std::pair<double, double> probe_fp32_libraries() {
+  const OneBlasThread one_blas;
+  torch::NoGradGuard no_grad;
+  double blas = 1e30, dnnl = 1e30;
+  for (const auto& [M, K, N] : {std::array<int64_t, 3>{1024, 256, 832}, {1024, 832, 256}}) {
+    const torch::Tensor a = torch::randn({M, K}), b = torch::randn({K, N});
+    torch::Tensor c = torch::empty({M, N});
+    blas = std::min(blas, product_gflops([&] { at::mm_out(c, a, b); }, M, N, K));
+    dnnl = std::min(dnnl, product_gflops(
+                              [&] {
+                                onednn_sgemm(M, N, K, a.data_ptr<float>(), b.data_ptr<float>(),
+                                             c.data_ptr<float>());
+                              },
+                              M, N, K));
+  }
+  return {blas, dnnl};
+}
+
+// dst[i] = src[i] rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN:
+// c10::BFloat16's rounding bit for bit, in a loop the compiler vectorises: ATen 1.13 converts
+// one element at a time, which cost more than the bf16 products saved.
+MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __restrict dst,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    dst[i] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
+  }
+}
+
+// x [...] float32 -> bfloat16 of the same shape (contiguous), split over the cores.
+torch::Tensor round_tensor_to_bf16(const torch::Tensor& x) {
+  const torch::Tensor src = x.contiguous();
+  torch::Tensor out = torch::empty(src.sizes(), src.options().dtype(torch::kBFloat16));
+  const int64_t n = src.numel();
+  const float* s = src.data_ptr<float>();
+  auto* d = static_cast<uint16_t*>(out.data_ptr());
+  constexpr int64_t kMinPart = int64_t{1} << 16;  // elements: smaller parts are not worth a thread
+  const int64_t parts =
+      std::min<int64_t>(std::max(1, blas_threads()), std::max<int64_t>(1, n / kMinPart));
+  std::vector<int64_t> order(parts);
+  for (int64_t p = 0; p < parts; ++p) order[p] = p;
+  run_blas_tasks(order, [&](int64_t p) {
+    const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
+    round_to_bf16(s + lo, d + lo, hi - lo);
+  });
+  return out;
+}
+
+}  // namespace
+
+const ProductSettings& product_settings() {
+  return g_settings;
+}
+
+void set_product_settings(const ProductSettings& settings) {
+  TORCH_CHECK(settings.fp32 != MatmulBackend::automatic,
+              "set_product_settings: resolve run.matmul first");
+  g_settings = settings;
+}
+
+void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation) {
+  if (!cpu.bf16() && !bf16_emulation) {
+    std::ostringstream msg;
+    msg << "config error: run.precision is bf16, but this CPU ("
+        << (cpu.model.empty() ? "unknown model" : cpu.model) << "; " << cpu.flags()
+        << ") has no bf16 instructions (avx512_bf16 or amx_bf16): oneDNN would emulate them, "
+           "and bf16 products would run slower than fp32 ones instead of about twice as fast";
+    throw ConfigError(msg.str(),
+                      "train in fp32 (run.precision: fp32), or set run.bf16_emulation: true to "
+                      "run bf16 anyway (to check numerics, not for speed)");
+  }
+}
+
+ProductChoice configure_products(Precision precision, MatmulBackend requested,
+                                 bool bf16_emulation) {
+  ProductChoice choice;
+  const CpuFeatures cpu = cpu_features();
+  choice.cpu_flags = cpu.flags();
+  if (precision == Precision::bf16) check_bf16_cpu(cpu, bf16_emulation);
+  choice.settings.precision = precision;
+  choice.settings.fp32 = requested;
+  if (requested == MatmulBackend::automatic) {
+    std::tie(choice.openblas_gflops, choice.onednn_gflops) = probe_fp32_libraries();
+    choice.settings.fp32 = choice.onednn_gflops > kOnednnMargin * choice.openblas_gflops
+                               ? MatmulBackend::onednn
+                               : MatmulBackend::openblas;
+  }
+  set_product_settings(choice.settings);
+  return choice;
+}
+
+std::string ProductChoice::describe() const {
+  std::ostringstream out;
+  const char* fp32 = settings.fp32 == MatmulBackend::onednn ? "oneDNN" : "OpenBLAS";
+  if (settings.precision == Precision::bf16)
+    out << "matrix products in bf16 on oneDNN (fp32 accumulation; the router's in fp32 on " << fp32
+        << ")";
+  else
+    out << "matrix products in fp32 on " << fp32;
+  if (openblas_gflops > 0)
+    out << " (probe, one core: OpenBLAS " << static_cast<int>(openblas_gflops) << ", oneDNN "
+        << static_cast<int>(onednn_gflops) << " GFLOP/s)";
+  out << "; CPU " << cpu_flags;
+  return out.str();
+}
+
+bool products_leave_aten(Precision precision) {
+  return precision == Precision::bf16 || g_settings.fp32 == MatmulBackend::onednn;
+}
+
+torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
+  if (x.scalar_type() == torch::kBFloat16) return x;
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "to_bf16: float32 expected, got ",
+              x.scalar_type());
+  if (!parameter) return round_tensor_to_bf16(x);
+  struct Cached {
+    c10::weak_intrusive_ptr<c10::TensorImpl> source;
+    int64_t version;
+    torch::Tensor copy;
+  };
+  static std::mutex mutex;
+  static std::unordered_map<const c10::TensorImpl*, Cached> cache;
+  const c10::TensorImpl* key = x.unsafeGetTensorImpl();
+  const int64_t version = static_cast<int64_t>(x._version());
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end() && !it->second.source.expired() && it->second.version == version)
+      return it->second.copy;
+  }
+  torch::Tensor copy;
+  {
+    // A normal tensor even when the first to ask is an evaluation (inference mode): the
+    // next training step saves the copy for its backward.
+    const c10::InferenceMode normal_tensors(false);
+    const torch::NoGradGuard no_grad;
+    copy = round_tensor_to_bf16(x.detach());
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = cache.begin(); it != cache.end();)  // drop the copies of freed parameters
+    it = it->second.source.expired() ? cache.erase(it) : std::next(it);
+  cache.erase(key);
+  cache.emplace(
+      key, Cached{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), version, copy});
+  return copy;
+}
+
+void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
+                 Precision precision) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) &&
+                  c.size(0) == a.size(0) && c.size(1) == b.size(1),
+              "matmul_into: shapes ", a.sizes(), " x ", b.sizes(), " -> ", c.sizes());
+  const bool fp32 = c.scalar_type() == torch::kFloat32;
+  if (!fp32 || !products_leave_aten(precision)) {
+    at::mm_out(c, a, b);  // float64 (the fp64 tests), or fp32 on OpenBLAS
+    return;
+  }
+  TORCH_CHECK(c.stride(1) == 1 || c.size(1) == 1, "matmul_into: c needs unit column stride");
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    c.zero_();
+    return;
+  }
+  const int64_t ldc = c.size(0) == 1 ? N : c.stride(0);
+  if (precision == Precision::bf16) {
+    gemm_bf16(bf16_operand(a), bf16_operand(b), c);
+    return;
+  }
+  Layout la{}, lb{};
+  const torch::Tensor ao = gemm_operand(a, la), bo = gemm_operand(b, lb);
+  sgemm_onednn(la, ao.data_ptr<float>(), lb, bo.data_ptr<float>(), c.data_ptr<float>(), ldc, M, N,
+               K);
+}
+
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision) {
+  const auto type = a.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : a.scalar_type();
+  torch::Tensor c = torch::empty({a.size(0), b.size(1)}, a.options().dtype(type));
+  matmul_into(c, a, b, precision);
+  return c;
+}
+
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
+              "batched_matmul: shapes ", a.sizes(), " x ", b.sizes());
+  const auto type = a.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : a.scalar_type();
+  if (type != torch::kFloat32 || !products_leave_aten(precision)) return torch::bmm(a, b);
+  const int64_t n = a.size(0);
+  const torch::Tensor ab = precision == Precision::bf16 ? to_bf16(a) : a;
+  const torch::Tensor bb = precision == Precision::bf16 ? to_bf16(b) : b;
+  torch::Tensor c = torch::empty({n, a.size(1), b.size(2)}, a.options().dtype(type));
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  run_blas_tasks(order, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], precision); });
+  return c;
+}
+
+}  // namespace minimind

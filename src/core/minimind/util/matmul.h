@@ -1,0 +1,72 @@
+// The one home of the model's matrix products below autograd: which library runs them
+// (OpenBLAS through ATen, or oneDNN), in which precision, on how many cores.
+//
+// fp32 products run on the library `configure_products` chose (run.matmul; "auto" times
+// both on this CPU at start-up). bf16 products round both inputs to bfloat16 and run on
+// oneDNN's matmul with an fp32 destination: every sum accumulates in fp32, and the result
+// is fp32 (PyTorch's autocast rounds it to bf16 as well; docs/precision.md).
+//
+// Cores: OpenBLAS splits its own products over the cores it has. For oneDNN this file splits
+// a product's output rows (or columns) over the same cores (run_blas_tasks), each part on one
+// thread, because torch's OpenMP pool, which oneDNN would use, has one thread by the tool's
+// thread policy (blas_check.h). Inside a task (an expert, a shard) a product runs on its
+// task's core.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "minimind/choices.h"
+#include "minimind/util/matmul_peak.h"
+
+namespace minimind {
+
+struct ProductSettings {
+  Precision precision = Precision::fp32;
+  MatmulBackend fp32 = MatmulBackend::openblas;  // resolved: openblas or onednn
+};
+
+// What configure_products decided, for the log and the benchmark.
+struct ProductChoice {
+  ProductSettings settings;
+  double openblas_gflops = 0, onednn_gflops = 0;  // the probe's one-core figures (0: not run)
+  std::string cpu_flags;                          // CpuFeatures::flags()
+  // "bf16 products (oneDNN, fp32 accumulation); fp32 ones on oneDNN (probe, one core:
+  // OpenBLAS 110, oneDNN 221 GFLOP/s); CPU avx2 avx512f avx512_bf16", for the log.
+  std::string describe() const;
+};
+
+// This process's settings (default: fp32 on OpenBLAS).
+const ProductSettings& product_settings();
+void set_product_settings(const ProductSettings& settings);
+
+// Throws ConfigError (naming run.precision, the CPU and what emulation costs) when `cpu`
+// has no bf16 instructions, unless `bf16_emulation`.
+void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation);
+
+// Resolves run.matmul ("auto": a ~0.1 s one-core probe of both fp32 libraries on the
+// bench model's FFN shapes; oneDNN is taken only when clearly faster, so that the choice
+// does not flip between runs on one machine) and checks bf16 against this CPU
+// (check_bf16_cpu). Sets and returns the settings.
+ProductChoice configure_products(Precision precision, MatmulBackend requested, bool bf16_emulation);
+
+// c [M, N] = a [M, K] @ b [K, N] in `precision` (for float32 tensors; float64 ones take
+// ATen's product). a and b may be transposed views; c must have unit column stride. bf16
+// inputs may be passed already rounded (dtype bfloat16).
+void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
+                 Precision precision);
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
+
+// c [n, M, N] = a [n, M, K] @ b [n, K, N], the n products spread over the cores.
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
+
+// x rounded to bfloat16 (as is if it already is). A parameter's copy is kept until the
+// parameter changes (its version counter moves: an optimizer step) or is freed, so a step
+// rounds each weight once.
+torch::Tensor to_bf16(const torch::Tensor& x, bool parameter = false);
+
+// Whether products in `precision` of float32 tensors leave ATen's own ops (OpenBLAS).
+bool products_leave_aten(Precision precision);
+
+}  // namespace minimind

@@ -1,0 +1,201 @@
+// The matrix products (util/matmul.h, model/linear.h): each library, precision and operand
+// layout against a float64 product, the bf16 rounding against torch's, the parameter copies,
+// and the refusal of bf16 on a CPU without bf16 instructions.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "minimind/error.h"
+#include "minimind/model/linear.h"
+#include "minimind/train/optim.h"
+#include "minimind/util/blas_check.h"
+#include "minimind/util/matmul.h"
+#include "minimind/util/matmul_peak.h"
+#include "support/test_support.h"
+
+namespace minimind {
+namespace {
+
+// The settings of one test, restored after it.
+class Products {
+ public:
+  Products(Precision p, MatmulBackend fp32) : before_(product_settings()) {
+    set_product_settings({p, fp32});
+  }
+  ~Products() { set_product_settings(before_); }
+  Products(const Products&) = delete;
+  Products& operator=(const Products&) = delete;
+
+ private:
+  ProductSettings before_;
+};
+
+// The values a bf16 product sees: x rounded to bf16, as float64.
+torch::Tensor rounded(const torch::Tensor& x, Precision p) {
+  return (p == Precision::bf16 ? x.to(torch::kBFloat16) : x).to(torch::kDouble);
+}
+
+// max |got - want| / max |want|
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got.to(torch::kDouble) - want).abs().max().item<double>() /
+         want.abs().max().item<double>();
+}
+
+// Products accumulate in fp32 on both paths: K <= 1024 terms of similar size leave a
+// relative error of a few 1e-7 (measured up to 6e-7 here); 4e-6 leaves a margin and still
+// fails on a wrong layout or a dropped block (errors of order 1).
+constexpr double kFp32Accumulation = 4e-6;
+
+TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
+  const int before = blas_threads();
+  for (const int threads : {1, 2}) {
+    set_blas_threads(threads);  // 2: the output split over two cores
+    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+      const Products products(p, MatmulBackend::onednn);
+      torch::manual_seed(3);
+      struct Case {
+        const char* name;
+        int64_t M, K, N;
+      };
+      for (const Case c :
+           {Case{"tall", 300, 96, 40}, Case{"wide", 20, 64, 700}, Case{"one row", 1, 64, 130},
+            Case{"one column", 90, 32, 1}, Case{"long sum", 64, 1024, 48}}) {
+        SCOPED_TRACE(std::string(c.name) + (p == Precision::bf16 ? " bf16" : " fp32") +
+                     " threads " + std::to_string(threads));
+        const torch::Tensor a = torch::randn({c.M, c.K}), b = torch::randn({c.K, c.N});
+        const torch::Tensor want = rounded(a, p).mm(rounded(b, p));
+        // Plain, both transposed views, and column ranges of wider buffers (row stride >
+        // columns) for a, b and the output.
+        EXPECT_LT(relative_error(matmul(a, b, p), want), kFp32Accumulation);
+        const torch::Tensor at = a.t().contiguous().t(), bt = b.t().contiguous().t();
+        EXPECT_LT(relative_error(matmul(at, bt, p), want), kFp32Accumulation);
+        const torch::Tensor wide_a = torch::randn({c.M, c.K + 7}),
+                            wide_b = torch::randn({c.K, c.N + 5});
+        wide_a.narrow(1, 3, c.K).copy_(a);
+        wide_b.narrow(1, 2, c.N).copy_(b);
+        torch::Tensor out = torch::full({c.M, c.N + 9}, 7.0f);
+        matmul_into(out.narrow(1, 4, c.N), wide_a.narrow(1, 3, c.K), wide_b.narrow(1, 2, c.N), p);
+        EXPECT_LT(relative_error(out.narrow(1, 4, c.N), want), kFp32Accumulation);
+        EXPECT_TRUE(out.narrow(1, 0, 4).eq(7).all().item<bool>()) << "wrote left of the view";
+        EXPECT_TRUE(out.narrow(1, 4 + c.N, 5).eq(7).all().item<bool>()) << "wrote right of it";
+      }
+    }
+  }
+  set_blas_threads(before);
+}
+
+TEST(Matmul, BatchedProductsAgreeWithAFloat64Product) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    const Products products(p, MatmulBackend::onednn);
+    torch::manual_seed(4);
+    const torch::Tensor a = torch::randn({6, 70, 16}), b = torch::randn({6, 16, 90});
+    const torch::Tensor want = rounded(a, p).bmm(rounded(b, p));
+    EXPECT_LT(relative_error(batched_matmul(a, b, p), want), kFp32Accumulation);
+    EXPECT_LT(
+        relative_error(batched_matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2), p), want),
+        kFp32Accumulation);
+  }
+}
+
+TEST(Matmul, RoundsToBf16BitForBitAsTorch) {
+  const float inf = std::numeric_limits<float>::infinity();
+  torch::Tensor x =
+      torch::cat({torch::randn({100000}) * 1e3,
+                  torch::tensor({0.0f, -0.0f, inf, -inf, std::nanf(""), 1e-40f, -3e-39f, 3.4e38f,
+                                 // ties: 1 + 2^-8 rounds down to even, 1 + 3 * 2^-8 up
+                                 1.00390625f, 1.01171875f, -1.00390625f})});
+  const torch::Tensor want = x.to(torch::kBFloat16), got = to_bf16(x);
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+  // Bits equal except a NaN's, which torch's vectorised and scalar conversions already
+  // write differently (0xffff, 0x7fc0): a NaN only has to stay a NaN.
+  const torch::Tensor nan = x.isnan();
+  EXPECT_TRUE(got.isnan().equal(nan));
+  const torch::Tensor w = want.view(torch::kShort).masked_fill(nan, 0),
+                      g = got.view(torch::kShort).masked_fill(nan, 0);
+  EXPECT_TRUE(w.eq(g).all().item<bool>())
+      << "first difference at " << w.ne(g).nonzero()[0].item<int64_t>();
+  // A transposed view is rounded as its values, not its storage order.
+  const torch::Tensor m = torch::randn({33, 17});
+  EXPECT_TRUE(to_bf16(m.t()).to(torch::kFloat).equal(m.t().to(torch::kBFloat16).to(torch::kFloat)));
+}
+
+TEST(Matmul, AParametersCopyIsKeptUntilTheParameterChanges) {
+  torch::Tensor w = torch::randn({8, 4});
+  const torch::Tensor first = to_bf16(w, /*parameter=*/true);
+  EXPECT_EQ(to_bf16(w, true).data_ptr(), first.data_ptr()) << "rounded twice";
+  w.add_(1.0f);  // an optimizer step moves the version counter
+  const torch::Tensor after = to_bf16(w, true);
+  EXPECT_TRUE(after.to(torch::kFloat).equal(w.to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_FALSE(after.to(torch::kFloat).equal(first.to(torch::kFloat)));
+}
+
+// The trainer's AdamW writes the weights through their pointers; the rounded copy must not
+// survive the step (it did: a bf16 run trained on its initial weights and never learned).
+TEST(Matmul, AnOptimizerStepMakesTheCopyStale) {
+  torch::Tensor w = torch::randn({16, 8}).requires_grad_();
+  const torch::Tensor before = to_bf16(w, true).to(torch::kFloat);
+  w.mutable_grad() = torch::randn({16, 8});
+  auto opt = make_optimizer({w}, TrainConfig{});
+  opt->step();
+  const torch::Tensor after = to_bf16(w, true).to(torch::kFloat);
+  EXPECT_FALSE(after.equal(before));
+  EXPECT_TRUE(after.equal(w.detach().to(torch::kBFloat16).to(torch::kFloat)));
+}
+
+// project() and batched_product(): forward and both backward products on the chosen path
+// equal float64 autograd of the same (rounded) operands. bf16 also rounds the incoming
+// gradient, so the backward is compared at bf16's resolution: 2^-8 relative per operand, a
+// few of them per product.
+TEST(Matmul, ProjectionAndAttentionProductsBackwardOnTheSamePath) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(p == Precision::bf16 ? "bf16" : "fp32 on oneDNN");
+    const Products products(p, MatmulBackend::onednn);
+    const double tol = p == Precision::bf16 ? 2e-2 : kFp32Accumulation;
+    torch::manual_seed(5);
+    const torch::Tensor x0 = torch::randn({3, 50, 24}), w0 = torch::randn({40, 24});
+    const torch::Tensor g = torch::randn({3, 50, 40});
+    torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = project(x, w);
+    y.backward(g);
+    torch::Tensor xd = rounded(x0, p).requires_grad_(), wd = rounded(w0, p).requires_grad_();
+    const torch::Tensor yd = torch::linear(xd, wd);
+    yd.backward(g.to(torch::kDouble));
+    EXPECT_LT(relative_error(y, yd), kFp32Accumulation);
+    EXPECT_LT(relative_error(x.grad(), xd.grad()), tol);
+    EXPECT_LT(relative_error(w.grad(), wd.grad()), tol);
+
+    const torch::Tensor a0 = torch::randn({2, 3, 20, 8}), b0 = torch::randn({2, 3, 8, 30});
+    const torch::Tensor gc = torch::randn({2, 3, 20, 30});
+    torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const torch::Tensor c = batched_product(a, b);
+    c.backward(gc);
+    torch::Tensor ad = rounded(a0, p).requires_grad_(), bd = rounded(b0, p).requires_grad_();
+    const torch::Tensor cd = torch::matmul(ad, bd);
+    cd.backward(gc.to(torch::kDouble));
+    EXPECT_LT(relative_error(c, cd), kFp32Accumulation);
+    EXPECT_LT(relative_error(a.grad(), ad.grad()), tol);
+    EXPECT_LT(relative_error(b.grad(), bd.grad()), tol);
+  }
+}
+
+TEST(Matmul, Bf16IsRefusedWithoutBf16InstructionsUnlessEmulationIsAsked) {
+  const CpuFeatures old = parse_cpu_features(
+      "model name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse2 avx avx2 fma\n");
+  ASSERT_FALSE(old.bf16());
+  const std::string msg = test::error_of<ConfigError>([&] { check_bf16_cpu(old, false); });
+  EXPECT_NE(msg.find("run.precision is bf16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("E5-2680 v4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("emulate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("run.bf16_emulation: true"), std::string::npos) << msg;
+  EXPECT_NO_THROW(check_bf16_cpu(old, true));
+  const CpuFeatures amd = parse_cpu_features("flags\t\t: avx2 avx512f avx512_bf16\n");
+  EXPECT_NO_THROW(check_bf16_cpu(amd, false));
+  const CpuFeatures spr = parse_cpu_features("flags\t\t: avx2 avx512f amx_bf16 amx_tile\n");
+  EXPECT_NO_THROW(check_bf16_cpu(spr, false));
+}
+
+}  // namespace
+}  // namespace minimind
