@@ -369,6 +369,36 @@ TEST(Trainer, Bf16RunResumesInBf16AndRefusesAnotherPrecision) {
   for (const auto& p : check->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
 }
 
+// run.matmul: auto on resume keeps the library the run used (state.json's "matmul"): a run
+// on OpenBLAS resumed with auto continues on OpenBLAS bit for bit, even where the probe
+// would take oneDNN.
+TEST(Trainer, ResumeWithAutoMatmulKeepsTheRunsLibrary) {
+  const std::string dir = temp_dir("matmul_resume");
+  const Config blas = tiny_config(dir, {"run.matmul=openblas"});
+  TrainOptions full_options;
+  full_options.out_dir = dir + "/full";
+  const TrainResult full = train(blas, full_options);
+  TrainOptions first_options;
+  first_options.out_dir = dir + "/split";
+  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
+  const TrainResult first = train(blas, first_options);
+  EXPECT_NE(read_text(dir + "/split/checkpoints/step_00000003/state.json")
+                .find("\"matmul\": \"openblas\""),
+            std::string::npos);
+  Config automatic = blas;
+  automatic.run.matmul = MatmulBackend::automatic;
+  TrainOptions resume;
+  resume.out_dir = dir + "/split";
+  resume.resume = true;
+  const TrainResult second = train(automatic, resume);
+  std::vector<double> joined = first.step_losses;
+  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
+  EXPECT_EQ(joined, full.step_losses);
+  EXPECT_NE(read_text(dir + "/split/train.log")
+                .find("run.matmul auto: fp32 products on openblas, as before the checkpoint"),
+            std::string::npos);
+}
+
 TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {
   const std::string dir = temp_dir("halfwritten");
   TrainOptions options;

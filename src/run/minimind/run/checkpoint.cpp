@@ -178,6 +178,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                               {"loader_rows", state.loader_rows},
                               {"elapsed_seconds", state.elapsed_seconds},
                               {"config", state.config_yaml},
+                              {"matmul", state.matmul},
                               {"monitor", state.monitor}};
     write("state.json", j.dump(2) + "\n");
     sync_path(tmp);
@@ -270,6 +271,7 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
+  if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) s.matmul = *m;
   if (s.step < 0 || s.tokens < 0 || s.loader_rows < -1 || !(s.elapsed_seconds >= 0))
     throw CheckpointError("checkpoint state '" + file + "' holds a negative count",
                           "the file was changed by hand; delete this checkpoint to resume from "

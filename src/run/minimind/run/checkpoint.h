@@ -32,6 +32,10 @@ struct TrainState {
   int64_t loader_batches = -1;
   double elapsed_seconds = 0;  // training time so far
   std::string config_yaml;     // the resolved config of the run
+  // The library that ran the fp32 products ("openblas", "onednn"; "" in checkpoints
+  // written before it was kept): a resumed run with run.matmul: auto keeps it, so that it
+  // continues bit for bit on a machine whose probe would choose the other one.
+  std::string matmul;
   // The monitors' state (a log interval's partial sums, collapse streaks), so that a resumed
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a
   // checkpoint predates it (the monitors then start afresh).

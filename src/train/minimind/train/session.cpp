@@ -71,9 +71,14 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   const std::string config_yaml = config_to_yaml(cfg);  // config.yaml and every checkpoint
 
   int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
+  MatmulBackend matmul = cfg.run.matmul;
   if (s.run.checkpoint) {
     const TrainState saved = read_checkpoint_state(*s.run.checkpoint);
     saved_batch_size = check_resumed_config(cfg, saved, *s.run.checkpoint, run_dir, log);
+    // run.matmul: auto continues on the library the run used, whatever the probe says now.
+    if (matmul == MatmulBackend::automatic && parse_choice(saved.matmul, matmul) &&
+        matmul != MatmulBackend::automatic)
+      log.info("run.matmul auto: fp32 products on {}, as before the checkpoint", saved.matmul);
   }
   if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
   s.threads = use_threads(cfg.run.threads, dist.env().local_world_size);
@@ -105,7 +110,7 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
   const ProductChoice products =
-      configure_products(cfg.run.precision, cfg.run.matmul, cfg.run.bf16_emulation);
+      configure_products(cfg.run.precision, matmul, cfg.run.bf16_emulation);
   if (main_rank) log.info("{}", products.describe());
   const BlasReport blas = check_blas();
   if (!blas.ok)
@@ -127,9 +132,11 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   init_weights(s.model);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   s.state.config_yaml = config_yaml;
+  s.state.matmul = name_of(products.settings.fp32);
   if (s.run.checkpoint) {
     s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
     s.state.config_yaml = config_yaml;
+    s.state.matmul = name_of(products.settings.fp32);
     // The position is stored in rows of the global stream: continue at the first row not
     // yet drawn, whatever the rank count and batch size now.
     const int64_t rows_per_batch = cfg.train.batch_size * dist.world_size();
