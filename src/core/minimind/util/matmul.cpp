@@ -191,7 +191,9 @@ std::pair<double, double> probe_fp32_libraries() {
   const OneBlasThread one_blas;
   torch::NoGradGuard no_grad;
   double blas = 1e30, dnnl = 1e30;
-  for (const auto& [M, K, N] : {std::array<int64_t, 3>{1024, 256, 832}, {1024, 832, 256}}) {
+  for (const auto& shape : {std::array<int64_t, 3>{1024, 256, 832}, {1024, 832, 256}}) {
+    // Named, not bound: clang 14 lambdas cannot capture structured bindings.
+    const int64_t M = shape[0], K = shape[1], N = shape[2];
     const torch::Tensor a = torch::randn({M, K}), b = torch::randn({K, N});
     torch::Tensor c = torch::empty({M, N});
     blas = std::min(blas, product_gflops([&] { at::mm_out(c, a, b); }, M, N, K));
