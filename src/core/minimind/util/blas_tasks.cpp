@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <system_error>
 #include <thread>
 
@@ -51,6 +52,12 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
   work();
   for (auto& h : helpers) h.join();
   if (error) std::rethrow_exception(error);
+}
+
+void run_blas_tasks(int64_t n, const std::function<void(int64_t)>& task, bool side_by_side) {
+  std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::iota(order.begin(), order.end(), 0);
+  run_blas_tasks(order, task, side_by_side);
 }
 
 }  // namespace minimind

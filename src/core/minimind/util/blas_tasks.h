@@ -29,5 +29,7 @@ namespace minimind {
 // the BLAS. The first exception a task throws is rethrown here once all threads stopped.
 void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(int64_t)>& task,
                     bool side_by_side = true);
+// task(0) .. task(n - 1), taken in that order (tasks of about equal size).
+void run_blas_tasks(int64_t n, const std::function<void(int64_t)>& task, bool side_by_side = true);
 
 }  // namespace minimind

@@ -77,9 +77,7 @@ void split_output(int64_t M, int64_t N,
     part(0, M, 0, N);
     return;
   }
-  std::vector<int64_t> order(parts);
-  for (int64_t p = 0; p < parts; ++p) order[p] = p;
-  run_blas_tasks(order, [&](int64_t p) {
+  run_blas_tasks(parts, [&](int64_t p) {
     at::internal::lazy_init_num_threads();  // a helper thread: torch's one thread, not all cores
     const int64_t lo = extent * p / parts, hi = extent * (p + 1) / parts;
     by_rows ? part(lo, hi, 0, N) : part(0, M, lo, hi);
@@ -231,9 +229,7 @@ torch::Tensor round_tensor_to_bf16(const torch::Tensor& x) {
   constexpr int64_t kMinPart = int64_t{1} << 16;  // elements: smaller parts are not worth a thread
   const int64_t parts =
       std::min<int64_t>(std::max(1, blas_threads()), std::max<int64_t>(1, n / kMinPart));
-  std::vector<int64_t> order(parts);
-  for (int64_t p = 0; p < parts; ++p) order[p] = p;
-  run_blas_tasks(order, [&](int64_t p) {
+  run_blas_tasks(parts, [&](int64_t p) {
     const int64_t lo = n * p / parts, hi = n * (p + 1) / parts;
     round_to_bf16(s + lo, d + lo, hi - lo);
   });
@@ -383,9 +379,7 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
   const torch::Tensor ab = precision == Precision::bf16 ? to_bf16(a) : a;
   const torch::Tensor bb = precision == Precision::bf16 ? to_bf16(b) : b;
   torch::Tensor c = torch::empty({n, a.size(1), b.size(2)}, a.options().dtype(type));
-  std::vector<int64_t> order(n);
-  for (int64_t i = 0; i < n; ++i) order[i] = i;
-  run_blas_tasks(order, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], precision); });
+  run_blas_tasks(n, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], precision); });
   return c;
 }
 

@@ -104,11 +104,9 @@ torch::Tensor sum_per_token(const torch::Tensor& src, const torch::Tensor& w, co
   const int64_t H = src.size(1);
   torch::Tensor out = torch::empty({N, H}, src.options());
   constexpr int64_t kChunks = 8;  // a few per core, so an uneven chunk does not hold one back
-  std::vector<int64_t> chunks(kChunks);
-  for (int64_t c = 0; c < kChunks; ++c) chunks[c] = c;
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "sum_per_token", [&] {
     const scalar_t* wp = w.defined() ? w.data_ptr<scalar_t>() : nullptr;
-    run_blas_tasks(chunks, [&](int64_t c) {
+    run_blas_tasks(kChunks, [&](int64_t c) {
       sum_rows_per_token<scalar_t>(src.data_ptr<scalar_t>(), wp, r, out.data_ptr<scalar_t>(),
                                    N * c / kChunks, N * (c + 1) / kChunks, H);
     });

@@ -65,9 +65,7 @@ void run_fused_updates(const std::vector<FusedUpdate>& updates) {
   std::vector<Chunk> chunks;
   for (const FusedUpdate& u : updates)
     for (int64_t b = 0; b < u.n; b += kChunk) chunks.push_back({&u, b, std::min(kChunk, u.n - b)});
-  std::vector<int64_t> order(chunks.size());
-  std::iota(order.begin(), order.end(), 0);
-  run_blas_tasks(order, [&](int64_t i) {
+  run_blas_tasks(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
     const Chunk& c = chunks[static_cast<size_t>(i)];
     const FusedUpdate& u = *c.u;
     adamw_update(u.p + c.begin, u.g + c.begin, u.m + c.begin, u.v + c.begin, c.n, u.decay, u.b1,
