@@ -14,9 +14,13 @@
 
 namespace minimind {
 
+bool blas_tasks_serial(bool side_by_side) {
+  return !side_by_side || blas_threads() <= 1;
+}
+
 void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(int64_t)>& task,
                     bool side_by_side) {
-  const int threads = side_by_side ? blas_threads() : 1;
+  const int threads = blas_tasks_serial(side_by_side) ? 1 : blas_threads();
   const int64_t workers = std::min<int64_t>(threads, static_cast<int64_t>(order.size()));
   if (workers <= 1) {
     for (const int64_t t : order) task(t);

@@ -32,4 +32,8 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
 // task(0) .. task(n - 1), taken in that order (tasks of about equal size).
 void run_blas_tasks(int64_t n, const std::function<void(int64_t)>& task, bool side_by_side = true);
 
+// Whether run_blas_tasks(..., side_by_side) runs its tasks one after another on the calling
+// thread, in the order given (inside a task, a shard, or with a one-thread OpenBLAS).
+bool blas_tasks_serial(bool side_by_side = true);
+
 }  // namespace minimind

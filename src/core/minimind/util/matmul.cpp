@@ -21,6 +21,20 @@
 
 namespace minimind {
 
+// dst[i] = src[i] rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN:
+// c10::BFloat16's rounding bit for bit, in a loop the compiler vectorises: ATen 1.13 converts
+// one element at a time, which cost more than the bf16 products saved.
+MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __restrict dst,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    dst[i] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
+  }
+}
+
 namespace {
 
 ProductSettings g_settings;  // set at start-up, before the first product
@@ -205,20 +219,6 @@ std::pair<double, double> probe_fp32_libraries() {
   return {blas, dnnl};
 }
 
-// dst[i] = src[i] rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN:
-// c10::BFloat16's rounding bit for bit, in a loop the compiler vectorises: ATen 1.13 converts
-// one element at a time, which cost more than the bf16 products saved.
-MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __restrict dst,
-                                       int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    dst[i] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
-  }
-}
-
 // x [...] float32 -> bfloat16 of the same shape (contiguous), split over the cores.
 torch::Tensor round_tensor_to_bf16(const torch::Tensor& x) {
   const torch::Tensor src = x.contiguous();
@@ -327,8 +327,15 @@ torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
     copy = round_tensor_to_bf16(x.detach());
   }
   const std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = cache.begin(); it != cache.end();)  // drop the copies of freed parameters
-    it = it->second.source.expired() ? cache.erase(it) : std::next(it);
+  // Drop the copies of freed parameters once the cache has doubled since the last sweep: a
+  // sweep per new copy made each step's rounding quadratic in the number of parameters
+  // (768 experts' weights with E = 64).
+  static size_t swept_size = 0;
+  if (cache.size() >= 2 * swept_size) {
+    for (auto it = cache.begin(); it != cache.end();)
+      it = it->second.source.expired() ? cache.erase(it) : std::next(it);
+    swept_size = std::max<size_t>(cache.size(), 16);
+  }
   cache.erase(key);
   cache.emplace(
       key, Cached{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), version, copy});

@@ -65,6 +65,9 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
 // parameter changes (its version counter moves: an optimizer step) or is freed, so a step
 // rounds each weight once.
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter = false);
+// dst[i] = src[i] rounded to bfloat16 (as c10::BFloat16 rounds), i < n, on the calling
+// thread: for a task's own buffers.
+void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 // Whether products in `precision` of float32 tensors leave ATen's own ops (OpenBLAS).
 bool products_leave_aten(Precision precision);

@@ -1,6 +1,9 @@
 #include "minimind/model/routed_experts.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
 
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
@@ -114,14 +117,79 @@ torch::Tensor sum_per_token(const torch::Tensor& src, const torch::Tensor& w, co
   return out;
 }
 
-// The experts with rows, most rows first: the order run_blas_tasks takes them in, so the
-// long tasks start early and the short ones fill in at the end.
-std::vector<int64_t> busiest_first(const std::vector<int64_t>& counts) {
+MINIMIND_NO_FMA_BEGIN
+// out[tok[i]] += src[i] (* w[i], rounded first), i = 0 .. m - 1: one expert's rows added into
+// its tokens. Called for the experts in ascending order on zeroed `out`, this is
+// sum_rows_per_token's sum, bit for bit, while the expert's rows are still in cache.
+template <typename T>
+MINIMIND_CPU_CLONES void add_rows_to_tokens(const T* __restrict src, const T* __restrict w,
+                                            const int64_t* __restrict tok, int64_t m,
+                                            T* __restrict out, int64_t H) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* o = out + tok[i] * H;
+    const T* s = src + i * H;
+    if (w) {
+      const T wi = w[i];
+      for (int64_t h = 0; h < H; ++h) o[h] += s[h] * wi;
+    } else {
+      for (int64_t h = 0; h < H; ++h) o[h] += s[h];
+    }
+  }
+}
+MINIMIND_NO_FMA_END
+
+// out [N, H] += the rows of src [m, H] (times w [m] if defined) at the tokens tok [m].
+void add_to_tokens(const torch::Tensor& src, const torch::Tensor& w, const int64_t* tok,
+                   torch::Tensor& out) {
+  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "add_to_tokens", [&] {
+    add_rows_to_tokens<scalar_t>(src.data_ptr<scalar_t>(),
+                                 w.defined() ? w.data_ptr<scalar_t>() : nullptr, tok, src.size(0),
+                                 out.data_ptr<scalar_t>(), src.size(1));
+  });
+}
+
+// A [rows, cols] tensor of `type` over a buffer this thread keeps for its next experts (an
+// expert's gathered rows and temporaries: ATen's allocations for them were a large part of a
+// small expert's time). One buffer per slot; valid until the thread's next use of the slot.
+enum Slot { kRows, kGradRows, kOut, kTemp, kRounded, kGa, kDgu, kSlots };
+torch::Tensor scratch(Slot slot, int64_t rows, int64_t cols, torch::ScalarType type) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local std::array<Buffer, kSlots> buffers;
+  Buffer& b = buffers[slot];
+  const size_t need = static_cast<size_t>(rows * cols) * c10::elementSize(type);
+  if (b.bytes < need) {
+    std::free(b.data);
+    b.bytes = (need + 63) / 64 * 64;
+    b.data = std::aligned_alloc(64, b.bytes);  // whole cache lines, as oneDNN prefers
+    TORCH_CHECK(b.data, "routed_experts: out of memory for ", b.bytes, " bytes of scratch");
+  }
+  return torch::from_blob(b.data, {rows, cols}, torch::TensorOptions().dtype(type));
+}
+
+// dst [m, C] = the rows tok[0 .. m) of src [*, C] (both contiguous): index_select without
+// its allocation.
+void gather_rows(const torch::Tensor& src, const int64_t* tok, torch::Tensor& dst) {
+  const size_t row = static_cast<size_t>(src.size(1)) * src.element_size();
+  const auto* s = static_cast<const uint8_t*>(src.data_ptr());
+  auto* d = static_cast<uint8_t*>(dst.data_ptr());
+  for (int64_t i = 0; i < dst.size(0); ++i)
+    std::memcpy(d + static_cast<size_t>(i) * row, s + static_cast<size_t>(tok[i]) * row, row);
+}
+
+// The experts with rows in the order run_blas_tasks takes them: ascending when the tasks
+// run one after another (each then adds its rows into the tokens in the plain form's order),
+// else most rows first, so the long tasks start early and the short ones fill in at the end.
+std::vector<int64_t> expert_order(const std::vector<int64_t>& counts, bool serial) {
   std::vector<int64_t> order;
   for (int64_t e = 0; e < static_cast<int64_t>(counts.size()); ++e)
     if (counts[e] > 0) order.push_back(e);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return counts[a] > counts[b]; });
+  if (!serial)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return counts[a] > counts[b]; });
   return order;
 }
 
@@ -149,16 +217,28 @@ torch::Tensor operand(const torch::Tensor& t, Precision p, bool parameter = fals
   return p == Precision::bf16 ? to_bf16(t, parameter) : t;
 }
 
+// An expert's product operand [m, C] in `p`: itself, or rounded into this thread's buffer.
+torch::Tensor rows_operand(const torch::Tensor& rows, Precision p) {
+  if (p != Precision::bf16) return rows;
+  torch::Tensor r = scratch(kRounded, rows.size(0), rows.size(1), torch::kBFloat16);
+  const torch::Tensor src = rows.contiguous();
+  round_to_bf16(src.data_ptr<float>(), static_cast<uint16_t*>(r.data_ptr()), src.numel());
+  return r;
+}
+
 // Inputs: x, the routing weights, then per expert gate_proj, up_proj, down_proj weights
 // ([I, H], [I, H], [H, I]); the tokens, counts and precision ride along as constants.
 // Products run in the precision (util/matmul.h); the SwiGLU, the weighted sum and the
 // routing weight's gradient stay fp32.
+// bf16 keeps a rounded (only products read it) and adds the input gradient's two products
+// into the tokens one by one.
 struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
                                std::vector<int64_t> counts, int64_t precision,
                                at::TensorList weights_in) {
     const auto p = static_cast<Precision>(precision);
+    const bool bf16 = p == Precision::bf16;
     const torch::Tensor x = operand(x_in, p);  // [N, H]
     variable_list weights = weights_in.vec();
     for (auto& w : weights) w = operand(w, p, true);
@@ -169,25 +249,39 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     const auto opts = weight.options();                 // fp32 (float64 in the fp64 tests)
     torch::Tensor gu = torch::empty({M, 2 * I}, opts);  // [M, 2I]
     torch::Tensor silu_g = torch::empty({M, I}, opts);  // [M, I], kept for the backward
-    torch::Tensor a = torch::empty({M, I}, opts);       // [M, I] = silu(g) * u
-    torch::Tensor ys = torch::empty({M, H}, opts);      // [M, H] each row's expert output
+    torch::Tensor a =
+        torch::empty({M, I}, bf16 ? opts.dtype(torch::kBFloat16) : opts);  // silu(g) * u
+    // Tasks one after another add their rows into y as they go; side by side, y is summed
+    // over the tokens afterwards (the same bits).
+    const bool serial = blas_tasks_serial(side_by_side(I));
+    torch::Tensor y = serial ? torch::zeros({N, H}, opts) : torch::Tensor();  // [N, H]
+    torch::Tensor ys = torch::empty({M, H}, opts);  // [M, H] each row's expert output
+    const int64_t* tokens = token.data_ptr<int64_t>();
     run_blas_tasks(
-        busiest_first(counts),
+        expert_order(counts, serial),
         [&](int64_t e) {
           const int64_t off = first[e], m = counts[e];
-          const torch::Tensor xe = x.index_select(0, token.narrow(0, off, m));  // [m, H]
+          torch::Tensor xe = scratch(kRows, m, H, x.scalar_type());  // [m, H]
+          gather_rows(x, tokens + off, xe);
           const torch::Tensor rows = gu.narrow(0, off, m);
           const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
           matmul_into(g, xe, weights[3 * e].t(), p);
           matmul_into(u, xe, weights[3 * e + 1].t(), p);
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
           at::silu_out(s, g);
-          at::mul_out(a_e, s, u);
-          matmul_into(ys.narrow(0, off, m), a_e, weights[3 * e + 2].t(), p);
+          if (bf16) {
+            torch::Tensor su = scratch(kTemp, m, I, torch::kFloat32);
+            at::mul_out(su, s, u);
+            round_to_bf16(su.data_ptr<float>(), static_cast<uint16_t*>(a_e.data_ptr()), m * I);
+          } else {
+            at::mul_out(a_e, s, u);
+          }
+          torch::Tensor ys_e = ys.narrow(0, off, m);  // [m, H]
+          matmul_into(ys_e, a_e, weights[3 * e + 2].t(), p);
+          if (serial) add_to_tokens(ys_e, weight.narrow(0, off, m), tokens + off, y);
         },
         side_by_side(I));
-    const TokenRows r = rows_of_tokens(token, N);
-    torch::Tensor y = sum_per_token(ys, weight, r, N);  // [N, H]
+    if (!serial) y = sum_per_token(ys, weight, rows_of_tokens(token, N), N);
     ctx->save_for_backward({x, weight, gu, a, silu_g, ys});
     ctx->saved_data["token"] = token;
     ctx->saved_data["counts"] = counts;
@@ -204,52 +298,70 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const variable_list weights = ctx->saved_data["weights"].toTensorVector();
     const auto p = static_cast<Precision>(ctx->saved_data["precision"].toInt());
+    const bool bf16 = p == Precision::bf16;
     const torch::Tensor gy = grad_out[0].contiguous();  // [N, H]
-    const int64_t N = x.size(0), E = static_cast<int64_t>(counts.size()), I = a.size(1);
+    const int64_t N = x.size(0), H = gy.size(1), E = static_cast<int64_t>(counts.size()),
+                  I = a.size(1);
     const std::vector<int64_t> first = row_offsets(counts);
     variable_list gw(3 * E);
     for (int64_t e = 0; e < E; ++e)
       if (counts[e] == 0)  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
         for (int j = 0; j < 3; ++j)
           gw[3 * e + j] = torch::zeros(weights[3 * e + j].sizes(), weight.options());
+    const auto type = gy.scalar_type();
     torch::Tensor gweight = torch::empty_like(weight);  // [M]
-    torch::Tensor ga = torch::empty_like(a);            // [M, I]
-    torch::Tensor dgu = torch::empty_like(gu);          // [M, 2I] = [d/dg | d/du]
-    torch::Tensor gxs = torch::empty_like(ys);          // [M, H] each row's input gradient
+    // The input gradient: added into gx as the tasks go when they run one after another,
+    // else each row's kept in gxs [M, H] and summed over the tokens afterwards.
+    const bool serial = blas_tasks_serial(side_by_side(I));
+    torch::Tensor gx = serial ? torch::zeros_like(gy) : torch::Tensor();  // [N, H]
+    torch::Tensor gxs = serial ? torch::Tensor() : torch::empty({weight.size(0), H}, gy.options());
+    const int64_t* tokens = token.data_ptr<int64_t>();
     run_blas_tasks(
-        busiest_first(counts),
+        expert_order(counts, serial),
         [&](int64_t e) {
           const int64_t off = first[e], m = counts[e];
-          const torch::Tensor tok = token.narrow(0, off, m), a_e = a.narrow(0, off, m);
-          // The weighted sum's backward: each row gets its token's gradient (gy_e), the routing
-          // weight gy_e . ys_i, and the expert output gy_e * w_i (as MulBackward).
-          torch::Tensor gy_e = gy.index_select(0, tok);         // [m, H]
+          const torch::Tensor a_e = a.narrow(0, off, m);
           torch::Tensor gweight_e = gweight.narrow(0, off, m);  // [m]
-          at::sum_out(gweight_e, gy_e * ys.narrow(0, off, m), {1});
+          torch::Tensor ga_e = scratch(kGa, m, I, type);        // [m, I] d/da
+          // The weighted sum's backward: each row gets its token's gradient (gy_e), the
+          // routing weight gy_e . ys_i, and the expert output gy_e * w_i (as MulBackward).
+          torch::Tensor gy_e = scratch(kGradRows, m, H, type);  // [m, H]
+          gather_rows(gy, tokens + off, gy_e);
+          torch::Tensor prod = scratch(kTemp, m, H, type);
+          at::sum_out(gweight_e, at::mul_out(prod, gy_e, ys.narrow(0, off, m)), {1});
           gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
-          // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's forms).
-          torch::Tensor ga_e = ga.narrow(0, off, m);
-          const torch::Tensor gy_p = operand(gy_e, p);
+          // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's).
+          const torch::Tensor gy_p = rows_operand(gy_e, p);
           matmul_into(ga_e, gy_p, weights[3 * e + 2], p);
           gw[3 * e + 2] = matmul(gy_p.t(), a_e, p);
           // Through a = silu(g) * u (as MulBackward and SiluBackward).
-          const torch::Tensor rows = gu.narrow(0, off, m), drows = dgu.narrow(0, off, m);
+          const torch::Tensor rows = gu.narrow(0, off, m);
+          torch::Tensor drows = scratch(kDgu, m, 2 * I, type);  // [m, 2I] = [d/dg | d/du]
           torch::Tensor dg = drows.narrow(1, 0, I), du = drows.narrow(1, I, I);
           swiglu_backward(ga_e, rows.narrow(1, 0, I), rows.narrow(1, I, I),
                           silu_g.narrow(0, off, m), dg, du);
-          const torch::Tensor xe = x.index_select(0, tok);         // [m, H]
-          const torch::Tensor drows_p = operand(drows, p);         // [m, 2I]
+          torch::Tensor xe = scratch(kRows, m, H, x.scalar_type());  // [m, H]
+          gather_rows(x, tokens + off, xe);
+          const torch::Tensor drows_p = rows_operand(drows, p);    // [m, 2I]
           const torch::Tensor gw_gu = matmul(drows_p.t(), xe, p);  // [2I, H]: both weights' grads
           gw[3 * e] = gw_gu.narrow(0, 0, I);
           gw[3 * e + 1] = gw_gu.narrow(0, I, I);
           // The row's two uses (gate and up) each give a gradient; they add up (a + b == b + a).
-          torch::Tensor gx_e = gxs.narrow(0, off, m);
+          torch::Tensor gx_e = serial ? scratch(kOut, m, H, type) : gxs.narrow(0, off, m);
           matmul_into(gx_e, drows_p.narrow(1, 0, I), weights[3 * e], p);
-          gx_e.add_(matmul(drows_p.narrow(1, I, I), weights[3 * e + 1], p));
+          torch::Tensor up = scratch(kTemp, m, H, type);
+          matmul_into(up, drows_p.narrow(1, I, I), weights[3 * e + 1], p);
+          if (serial && bf16) {  // each product into the tokens, without a pass adding them
+            add_to_tokens(gx_e, torch::Tensor(), tokens + off, gx);
+            add_to_tokens(up, torch::Tensor(), tokens + off, gx);
+            return;
+          }
+          gx_e.add_(up);
+          if (serial) add_to_tokens(gx_e, torch::Tensor(), tokens + off, gx);
         },
         side_by_side(I));
     // The gather's backward: each token adds its rows' gradients in order (index_add).
-    torch::Tensor gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
+    if (!serial) gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
     variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
     grads.insert(grads.end(), gw.begin(), gw.end());
     return grads;
@@ -265,6 +377,10 @@ torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
               "routed_experts: x [N, H], token and weight [M]");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "routed_experts: weight dtype ",
               weight.scalar_type(), " differs from x's ", x.scalar_type());
+  const torch::Tensor tokens = token.to(torch::kLong).contiguous();
+  TORCH_CHECK(tokens.numel() == 0 ||
+                  (tokens.min().item<int64_t>() >= 0 && tokens.max().item<int64_t>() < x.size(0)),
+              "routed_experts: a token outside [0, ", x.size(0), ")");
   variable_list weights;
   weights.reserve(3 * experts.size());
   for (const auto& ex : experts) {
@@ -272,8 +388,7 @@ torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
     weights.push_back(ex->up_proj->weight);
     weights.push_back(ex->down_proj->weight);
   }
-  return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(),
-                             token.to(torch::kLong).contiguous(), counts,
+  return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(), tokens, counts,
                              static_cast<int64_t>(product_settings().precision),
                              at::TensorList(weights));  // one input per weight
 }
