@@ -2,12 +2,12 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/intrusive_ptr.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -108,93 +108,33 @@ void sgemm_onednn(const Layout& la, const float* A, const Layout& lb, const floa
   });
 }
 
-// ---- bf16: oneDNN's matmul primitive with every dimension given at execution, one per
-// layout of the two inputs (row-major or transposed), shared by all threads (a primitive is
-// immutable and may run on several threads at once). A primitive per shape, the obvious
-// alternative, meant one per expert's row count: a new one, and its memory, almost every call.
-// With runtime dimensions oneDNN 2.6 takes its gemm:jit kernels, which ran the bench model's
-// shapes as fast as the shape-specific brgemm ones.
-const dnnl::engine& engine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
+// ---- bf16: oneDNN's bf16 GEMM, row-major like dnnl_sgemm (bf16 inputs, fp32 sums and
+// output). oneDNN 2.6 exports it (DNNL_API, for its own tests) but leaves it out of its
+// public header, hence the declaration here; it is the gemm:jit kernel oneDNN's matmul
+// primitive runs when every dimension is given at run time, which is what this file used
+// before: that primitive made each call build memory objects and argument maps (about 20
+// mallocs a product, contended between the shard threads' one arena), which cost a layer
+// of 64 small experts more than its products.
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N,
+                                               dnnl_dim_t K, float alpha, const uint16_t* A,
+                                               dnnl_dim_t lda, const uint16_t* B, dnnl_dim_t ldb,
+                                               float beta, float* C, dnnl_dim_t ldc);
 
-using dims = dnnl::memory::dims;
-
-struct Bf16Product {
-  dnnl::matmul primitive;
-  dnnl::memory::desc scratchpad;
-};
-
-const Bf16Product& bf16_primitive(bool a_transposed, bool b_transposed) {
-  static std::once_flag once;
-  static std::array<std::optional<Bf16Product>, 4> products;
-  std::call_once(once, [] {
-    using dt = dnnl::memory::data_type;
-    using tag = dnnl::memory::format_tag;
-    constexpr int64_t R = DNNL_RUNTIME_DIM_VAL;
-    for (int layout = 0; layout < 4; ++layout) {
-      const dnnl::memory::desc a_md(dims{R, R}, dt::bf16, layout & 1 ? tag::ba : tag::ab),
-          b_md(dims{R, R}, dt::bf16, layout & 2 ? tag::ba : tag::ab),
-          c_md(dims{R, R}, dt::f32, tag::ab);
-      // The caller's scratchpad, kept per thread: oneDNN's own is allocated per call.
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine());
-      products[layout].emplace(Bf16Product{dnnl::matmul(pd), pd.scratchpad_desc()});
-    }
-  });
-  return *products[(a_transposed ? 1 : 0) + (b_transposed ? 2 : 0)];
-}
-
-// This thread's scratchpad of at least `bytes`, kept for its next products.
-void* scratchpad(size_t bytes) {
-  thread_local std::vector<uint8_t> buffer;
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer.data();
-}
-
-// The strides oneDNN is given for an operand gemm_operand accepted; a dimension of size 1
-// gets the stride its packed layout implies (ATen leaves such strides arbitrary).
-std::array<int64_t, 2> dnnl_strides(const torch::Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1);
-  if (r > 1 && c > 1) return {t.stride(0), t.stride(1)};
-  if (c > 1) return {c, 1};
-  if (r > 1) return {1, r};
-  return {1, 1};
-}
-
-void gemm_bf16(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c) {
+// c [M, N] (unit column stride, row stride ldc) = a @ b, a and b bfloat16.
+void gemm_bf16(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, int64_t ldc) {
+  Layout la{}, lb{};
+  const torch::Tensor ao = gemm_operand(a, la), bo = gemm_operand(b, lb);
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  const std::array<int64_t, 2> as = dnnl_strides(a), bs = dnnl_strides(b);
-  const auto* A = static_cast<const uint16_t*>(a.data_ptr());
-  const auto* B = static_cast<const uint16_t*>(b.data_ptr());
+  const auto* A = static_cast<const uint16_t*>(ao.data_ptr());
+  const auto* B = static_cast<const uint16_t*>(bo.data_ptr());
   float* C = c.data_ptr<float>();
-  const int64_t ldc = c.size(0) == 1 ? c.size(1) : c.stride(0);
   split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const Bf16Product& mm = bf16_primitive(as[1] != 1, bs[1] != 1);
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md(dims{m1 - m0, K}, dt::bf16, dims{as[0], as[1]}),
-        b_md(dims{K, n1 - n0}, dt::bf16, dims{bs[0], bs[1]}),
-        c_md(dims{m1 - m0, n1 - n0}, dt::f32, dims{ldc, 1});
-    dnnl::memory am(a_md, engine(), const_cast<uint16_t*>(A + m0 * as[0])),
-        bm(b_md, engine(), const_cast<uint16_t*>(B + n0 * bs[1])),
-        cm(c_md, engine(), C + m0 * ldc + n0);
-    thread_local dnnl::stream stream(engine());
-    const dnnl::memory sm(mm.scratchpad, engine(), scratchpad(mm.scratchpad.get_size()));
-    mm.primitive.execute(stream, {{DNNL_ARG_SRC, am},
-                                  {DNNL_ARG_WEIGHTS, bm},
-                                  {DNNL_ARG_DST, cm},
-                                  {DNNL_ARG_SCRATCHPAD, sm}});
-    stream.wait();
+    const dnnl_status_t status =
+        dnnl_gemm_bf16bf16f32(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0),
+                              la.ld, B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
+    TORCH_CHECK(status == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
+                static_cast<int>(status));
   });
-}
-
-// A bf16 operand whose strides oneDNN takes: unit stride in one dimension.
-torch::Tensor bf16_operand(const torch::Tensor& t) {
-  torch::Tensor r = to_bf16(t);
-  Layout unused{};
-  return gemm_operand(r, unused);
 }
 
 // One core each, the bench model's FFN products forward ([1024, 256] x [256, 832]) and
@@ -361,7 +301,7 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
   }
   const int64_t ldc = c.size(0) == 1 ? N : c.stride(0);
   if (precision == Precision::bf16) {
-    gemm_bf16(bf16_operand(a), bf16_operand(b), c);
+    gemm_bf16(to_bf16(a), to_bf16(b), c, ldc);
     return;
   }
   Layout la{}, lb{};

@@ -138,13 +138,15 @@ MINIMIND_CPU_CLONES void add_rows_to_tokens(const T* __restrict src, const T* __
 }
 MINIMIND_NO_FMA_END
 
-// out [N, H] += the rows of src [m, H] (times w [m] if defined) at the tokens tok [m].
-void add_to_tokens(const torch::Tensor& src, const torch::Tensor& w, const int64_t* tok,
-                   torch::Tensor& out) {
+// out [N, H] += the rows of src [m, H] (times w[off ..] if w is defined) at the tokens
+// tok [m]. (w whole and an offset: a narrow view of a tensor that requires grad costs an
+// autograd record, per expert.)
+void add_to_tokens(const torch::Tensor& src, const torch::Tensor& w, int64_t off,
+                   const int64_t* tok, torch::Tensor& out) {
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "add_to_tokens", [&] {
     add_rows_to_tokens<scalar_t>(src.data_ptr<scalar_t>(),
-                                 w.defined() ? w.data_ptr<scalar_t>() : nullptr, tok, src.size(0),
-                                 out.data_ptr<scalar_t>(), src.size(1));
+                                 w.defined() ? w.data_ptr<scalar_t>() + off : nullptr, tok,
+                                 src.size(0), out.data_ptr<scalar_t>(), src.size(1));
   });
 }
 
@@ -226,6 +228,29 @@ torch::Tensor rows_operand(const torch::Tensor& rows, Precision p) {
   return r;
 }
 
+MINIMIND_NO_FMA_BEGIN
+// One expert's rows of the weighted sum's backward in bf16, in one pass: gweight[i] =
+// gy[tok[i]] . ys[i] (the routing weight's gradient) and gyw[i] = w[i] * gy[tok[i]] rounded
+// (the gradient the down projection receives); `scaled` holds one row.
+MINIMIND_CPU_CLONES void weighted_grad_rows(const float* __restrict gy, const float* __restrict ys,
+                                            const float* __restrict w,
+                                            const int64_t* __restrict tok, int64_t m, int64_t H,
+                                            float* __restrict gweight, float* __restrict scaled,
+                                            uint16_t* __restrict gyw) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* g = gy + tok[i] * H;
+    const float* y = ys + i * H;
+    float dot = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      dot += g[h] * y[h];
+      scaled[h] = g[h] * w[i];
+    }
+    gweight[i] = dot;
+    round_to_bf16(scaled, gyw + i * H, H);
+  }
+}
+MINIMIND_NO_FMA_END
+
 // Inputs: x, the routing weights, then per expert gate_proj, up_proj, down_proj weights
 // ([I, H], [I, H], [H, I]); the tokens, counts and precision ride along as constants.
 // Products run in the precision (util/matmul.h); the SwiGLU, the weighted sum and the
@@ -278,7 +303,7 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           }
           torch::Tensor ys_e = ys.narrow(0, off, m);  // [m, H]
           matmul_into(ys_e, a_e, weights[3 * e + 2].t(), p);
-          if (serial) add_to_tokens(ys_e, weight.narrow(0, off, m), tokens + off, y);
+          if (serial) add_to_tokens(ys_e, weight, off, tokens + off, y);
         },
         side_by_side(I));
     if (!serial) y = sum_per_token(ys, weight, rows_of_tokens(token, N), N);
@@ -325,13 +350,23 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           torch::Tensor ga_e = scratch(kGa, m, I, type);        // [m, I] d/da
           // The weighted sum's backward: each row gets its token's gradient (gy_e), the
           // routing weight gy_e . ys_i, and the expert output gy_e * w_i (as MulBackward).
-          torch::Tensor gy_e = scratch(kGradRows, m, H, type);  // [m, H]
-          gather_rows(gy, tokens + off, gy_e);
-          torch::Tensor prod = scratch(kTemp, m, H, type);
-          at::sum_out(gweight_e, at::mul_out(prod, gy_e, ys.narrow(0, off, m)), {1});
-          gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
+          torch::Tensor gy_p;  // [m, H] gy_e * w in the products' precision
+          if (bf16) {
+            gy_p = scratch(kGradRows, m, H, torch::kBFloat16);
+            torch::Tensor scaled = scratch(kTemp, 1, H, type);
+            weighted_grad_rows(gy.data_ptr<float>(), ys.data_ptr<float>() + off * H,
+                               weight.data_ptr<float>() + off, tokens + off, m, H,
+                               gweight_e.data_ptr<float>(), scaled.data_ptr<float>(),
+                               static_cast<uint16_t*>(gy_p.data_ptr()));
+          } else {
+            torch::Tensor gy_e = scratch(kGradRows, m, H, type);
+            gather_rows(gy, tokens + off, gy_e);
+            torch::Tensor prod = scratch(kTemp, m, H, type);
+            at::sum_out(gweight_e, at::mul_out(prod, gy_e, ys.narrow(0, off, m)), {1});
+            gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
+            gy_p = gy_e;
+          }
           // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's).
-          const torch::Tensor gy_p = rows_operand(gy_e, p);
           matmul_into(ga_e, gy_p, weights[3 * e + 2], p);
           gw[3 * e + 2] = matmul(gy_p.t(), a_e, p);
           // Through a = silu(g) * u (as MulBackward and SiluBackward).
@@ -352,12 +387,12 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           torch::Tensor up = scratch(kTemp, m, H, type);
           matmul_into(up, drows_p.narrow(1, I, I), weights[3 * e + 1], p);
           if (serial && bf16) {  // each product into the tokens, without a pass adding them
-            add_to_tokens(gx_e, torch::Tensor(), tokens + off, gx);
-            add_to_tokens(up, torch::Tensor(), tokens + off, gx);
+            add_to_tokens(gx_e, torch::Tensor(), 0, tokens + off, gx);
+            add_to_tokens(up, torch::Tensor(), 0, tokens + off, gx);
             return;
           }
           gx_e.add_(up);
-          if (serial) add_to_tokens(gx_e, torch::Tensor(), tokens + off, gx);
+          if (serial) add_to_tokens(gx_e, torch::Tensor(), 0, tokens + off, gx);
         },
         side_by_side(I));
     // The gather's backward: each token adds its rows' gradients in order (index_add).
