@@ -132,6 +132,21 @@ TEST(Matmul, AParametersCopyIsKeptUntilTheParameterChanges) {
   EXPECT_FALSE(after.to(torch::kFloat).equal(first.to(torch::kFloat)));
 }
 
+// An expert's gate and up weights as one rounded copy: each part rounded as torch rounds it,
+// stacked in order; kept while neither changes, made anew when either does.
+TEST(Matmul, AStackedCopyIsThePartsRoundedAndKeptUntilOneChanges) {
+  torch::Tensor gate = torch::randn({6, 4}), up = torch::randn({3, 4});
+  const torch::Tensor first = to_bf16_cat({gate, up});
+  ASSERT_EQ(first.sizes(), (std::vector<int64_t>{9, 4}));
+  EXPECT_EQ(first.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(first.equal(torch::cat({gate, up}).to(torch::kBFloat16)));
+  EXPECT_EQ(to_bf16_cat({gate, up}).data_ptr(), first.data_ptr()) << "rounded twice";
+  up.mul_(2.0f);  // the second part's version moves
+  const torch::Tensor after = to_bf16_cat({gate, up});
+  EXPECT_NE(after.data_ptr(), first.data_ptr());
+  EXPECT_TRUE(after.equal(torch::cat({gate, up}).to(torch::kBFloat16)));
+}
+
 // The trainer's AdamW writes the weights through their pointers; the rounded copy must not
 // survive the step (it did: a bf16 run trained on its initial weights and never learned).
 TEST(Matmul, AnOptimizerStepMakesTheCopyStale) {

@@ -282,6 +282,61 @@ torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
   return copy;
 }
 
+torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {
+  TORCH_CHECK(!parameters.empty() && parameters[0].dim() == 2, "to_bf16_cat: 2-D parameters");
+  struct Cached {
+    std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> sources;
+    std::vector<int64_t> versions;
+    torch::Tensor copy;
+  };
+  static std::mutex mutex;
+  static std::unordered_map<const c10::TensorImpl*, Cached> cache;  // by the first parameter
+  static size_t swept_size = 0;
+  std::vector<int64_t> versions;
+  for (const auto& p : parameters) versions.push_back(static_cast<int64_t>(p._version()));
+  const auto current = [&](const Cached& c) {
+    if (c.versions != versions) return false;
+    for (size_t i = 0; i < parameters.size(); ++i)
+      if (c.sources[i].lock().get() != parameters[i].unsafeGetTensorImpl()) return false;
+    return true;
+  };
+  const c10::TensorImpl* key = parameters[0].unsafeGetTensorImpl();
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end() && current(it->second)) return it->second.copy;
+  }
+  const int64_t cols = parameters[0].size(1);
+  int64_t rows = 0;
+  for (const auto& p : parameters) {
+    TORCH_CHECK(p.dim() == 2 && p.size(1) == cols && p.scalar_type() == torch::kFloat32,
+                "to_bf16_cat: float32 [*, ", cols, "] parameters expected, got ", p.sizes());
+    rows += p.size(0);
+  }
+  Cached entry;
+  {
+    const c10::InferenceMode normal_tensors(false);  // as to_bf16: a training step saves it
+    entry.copy = torch::empty({rows, cols}, torch::dtype(torch::kBFloat16));
+  }
+  auto* d = static_cast<uint16_t*>(entry.copy.data_ptr());
+  for (const auto& p : parameters) {
+    const torch::Tensor src = p.detach().contiguous();
+    round_to_bf16(src.data_ptr<float>(), d, src.numel());
+    d += src.numel();
+    entry.sources.emplace_back(p.getIntrusivePtr());
+  }
+  entry.versions = std::move(versions);
+  const torch::Tensor copy = entry.copy;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= 2 * swept_size) {  // drop freed parameters' copies now and then
+    for (auto it = cache.begin(); it != cache.end();)
+      it = it->second.sources[0].expired() ? cache.erase(it) : std::next(it);
+    swept_size = std::max<size_t>(cache.size(), 16);
+  }
+  cache[key] = std::move(entry);
+  return copy;
+}
+
 void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
                  Precision precision) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) &&

@@ -65,6 +65,11 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
 // parameter changes (its version counter moves: an optimizer step) or is freed, so a step
 // rounds each weight once.
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter = false);
+// The parameters [r_i, C] float32 stacked along their rows and rounded to bfloat16:
+// [sum r_i, C], kept until one of them changes or is freed (an expert's gate and up
+// weights, for one product over both).
+torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters);
+
 // dst[i] = src[i] rounded to bfloat16 (as c10::BFloat16 rounds), i < n, on the calling
 // thread: for a task's own buffers.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);

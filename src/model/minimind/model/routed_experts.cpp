@@ -237,14 +237,20 @@ MINIMIND_CPU_CLONES void weighted_grad_rows(const float* __restrict gy, const fl
                                             const int64_t* __restrict tok, int64_t m, int64_t H,
                                             float* __restrict gweight, float* __restrict scaled,
                                             uint16_t* __restrict gyw) {
+  // The dot product in kLanes partial sums, added up in a fixed order at the end: one sum
+  // would be a chain of dependent additions the compiler may not vectorise.
+  constexpr int64_t kLanes = 16;
   for (int64_t i = 0; i < m; ++i) {
     const float* g = gy + tok[i] * H;
     const float* y = ys + i * H;
+    float lanes[kLanes] = {};
+    int64_t h = 0;
+    for (; h + kLanes <= H; h += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) lanes[j] += g[h + j] * y[h + j];
     float dot = 0;
-    for (int64_t h = 0; h < H; ++h) {
-      dot += g[h] * y[h];
-      scaled[h] = g[h] * w[i];
-    }
+    for (; h < H; ++h) dot += g[h] * y[h];
+    for (int64_t j = 0; j < kLanes; ++j) dot += lanes[j];
+    for (h = 0; h < H; ++h) scaled[h] = g[h] * w[i];
     gweight[i] = dot;
     round_to_bf16(scaled, gyw + i * H, H);
   }
@@ -255,8 +261,10 @@ MINIMIND_NO_FMA_END
 // ([I, H], [I, H], [H, I]); the tokens, counts and precision ride along as constants.
 // Products run in the precision (util/matmul.h); the SwiGLU, the weighted sum and the
 // routing weight's gradient stay fp32.
-// bf16 keeps a rounded (only products read it) and adds the input gradient's two products
-// into the tokens one by one.
+// bf16 keeps a rounded (only products read it), stacks each expert's gate and up weights
+// so that one product gives [g | u] and one the input gradient (a sum over 2I rather than two
+// over I then added: the scheme up to the order of fp32 sums), and computes the weighted
+// sum's backward in one pass.
 struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
@@ -266,8 +274,15 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     const bool bf16 = p == Precision::bf16;
     const torch::Tensor x = operand(x_in, p);  // [N, H]
     variable_list weights = weights_in.vec();
-    for (auto& w : weights) w = operand(w, p, true);
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights[0].size(0);
+    // bf16: each expert's gate and up weights as one [2I, H] copy, for one product over both
+    // forward and one backward (at 3 * e and 3 * e + 1); the down weight rounded alone.
+    for (size_t e = 0; 3 * e < weights.size(); ++e) {
+      if (bf16) {
+        weights[3 * e] = weights[3 * e + 1] = to_bf16_cat({weights[3 * e], weights[3 * e + 1]});
+      }
+      weights[3 * e + 2] = operand(weights[3 * e + 2], p, true);
+    }
     const std::vector<int64_t> first = row_offsets(counts);
     // gu = [g | u]: gate and up projections side by side, so the backward gets both weights'
     // gradients from one GEMM over dgu = [d/dg | d/du].
@@ -290,8 +305,12 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           gather_rows(x, tokens + off, xe);
           const torch::Tensor rows = gu.narrow(0, off, m);
           const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
-          matmul_into(g, xe, weights[3 * e].t(), p);
-          matmul_into(u, xe, weights[3 * e + 1].t(), p);
+          if (bf16) {
+            matmul_into(rows, xe, weights[3 * e].t(), p);  // [m, 2I] = [g | u]
+          } else {
+            matmul_into(g, xe, weights[3 * e].t(), p);
+            matmul_into(u, xe, weights[3 * e + 1].t(), p);
+          }
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
           at::silu_out(s, g);
           if (bf16) {
@@ -332,7 +351,9 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     for (int64_t e = 0; e < E; ++e)
       if (counts[e] == 0)  // an idle expert: zero gradients, as MiniMind's 0 * sum(params)
         for (int j = 0; j < 3; ++j)
-          gw[3 * e + j] = torch::zeros(weights[3 * e + j].sizes(), weight.options());
+          gw[3 * e + j] =
+              torch::zeros(j == 2 ? weights[3 * e + 2].sizes() : c10::IntArrayRef{I, x.size(1)},
+                           weight.options());
     const auto type = gy.scalar_type();
     torch::Tensor gweight = torch::empty_like(weight);  // [M]
     // The input gradient: added into gx as the tasks go when they run one after another,
@@ -382,16 +403,16 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           gw[3 * e] = gw_gu.narrow(0, 0, I);
           gw[3 * e + 1] = gw_gu.narrow(0, I, I);
           // The row's two uses (gate and up) each give a gradient; they add up (a + b == b + a).
+          // bf16 sums both in one product over [d/dg | d/du] and the stacked weights.
           torch::Tensor gx_e = serial ? scratch(kOut, m, H, type) : gxs.narrow(0, off, m);
-          matmul_into(gx_e, drows_p.narrow(1, 0, I), weights[3 * e], p);
-          torch::Tensor up = scratch(kTemp, m, H, type);
-          matmul_into(up, drows_p.narrow(1, I, I), weights[3 * e + 1], p);
-          if (serial && bf16) {  // each product into the tokens, without a pass adding them
-            add_to_tokens(gx_e, torch::Tensor(), 0, tokens + off, gx);
-            add_to_tokens(up, torch::Tensor(), 0, tokens + off, gx);
-            return;
+          if (bf16) {
+            matmul_into(gx_e, drows_p, weights[3 * e], p);
+          } else {
+            matmul_into(gx_e, drows_p.narrow(1, 0, I), weights[3 * e], p);
+            torch::Tensor up = scratch(kTemp, m, H, type);
+            matmul_into(up, drows_p.narrow(1, I, I), weights[3 * e + 1], p);
+            gx_e.add_(up);
           }
-          gx_e.add_(up);
           if (serial) add_to_tokens(gx_e, torch::Tensor(), 0, tokens + off, gx);
         },
         side_by_side(I));
