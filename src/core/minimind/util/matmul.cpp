@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -238,103 +239,104 @@ bool products_leave_aten(Precision precision) {
   return precision == Precision::bf16 || g_settings.fp32 == MatmulBackend::onednn;
 }
 
-torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
-  if (x.scalar_type() == torch::kBFloat16) return x;
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "to_bf16: float32 expected, got ",
-              x.scalar_type());
-  if (!parameter) return round_tensor_to_bf16(x);
-  struct Cached {
-    c10::weak_intrusive_ptr<c10::TensorImpl> source;
-    int64_t version;
-    torch::Tensor copy;
-  };
-  static std::mutex mutex;
-  static std::unordered_map<const c10::TensorImpl*, Cached> cache;
-  const c10::TensorImpl* key = x.unsafeGetTensorImpl();
-  const int64_t version = static_cast<int64_t>(x._version());
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end() && !it->second.source.expired() && it->second.version == version)
-      return it->second.copy;
-  }
-  torch::Tensor copy;
-  {
-    // A normal tensor even when the first to ask is an evaluation (inference mode): the
-    // next training step saves the copy for its backward.
-    const c10::InferenceMode normal_tensors(false);
-    const torch::NoGradGuard no_grad;
-    copy = round_tensor_to_bf16(x.detach());
-  }
-  const std::lock_guard<std::mutex> lock(mutex);
-  // Drop the copies of freed parameters once the cache has doubled since the last sweep: a
-  // sweep per new copy made each step's rounding quadratic in the number of parameters
-  // (768 experts' weights with E = 64).
-  static size_t swept_size = 0;
-  if (cache.size() >= 2 * swept_size) {
-    for (auto it = cache.begin(); it != cache.end();)
-      it = it->second.source.expired() ? cache.erase(it) : std::next(it);
-    swept_size = std::max<size_t>(cache.size(), 16);
-  }
-  cache.erase(key);
-  cache.emplace(
-      key, Cached{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), version, copy});
-  return copy;
-}
+namespace {
 
-torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {
-  TORCH_CHECK(!parameters.empty() && parameters[0].dim() == 2, "to_bf16_cat: 2-D parameters");
-  struct Cached {
+// Rounded copies of parameters (one, or several stacked along their rows), each kept with
+// the parameters' version counters: valid until one of them moves (an optimizer step) or a
+// parameter is freed. Keyed by the first parameter and the number of them.
+class Bf16Copies {
+ public:
+  torch::Tensor get(const std::vector<torch::Tensor>& parts) {
+    const Key key{parts[0].unsafeGetTensorImpl(), parts.size()};
+    const std::vector<int64_t> versions = versions_of(parts);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      auto it = copies_.find(key);
+      if (it != copies_.end() && current(it->second, parts, versions)) return it->second.copy;
+    }
+    Copy c{{}, versions, rounded(parts)};
+    for (const auto& p : parts) c.sources.emplace_back(p.getIntrusivePtr());
+    const torch::Tensor copy = c.copy;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    sweep();
+    copies_[key] = std::move(c);
+    return copy;
+  }
+
+ private:
+  using Key = std::pair<const c10::TensorImpl*, size_t>;
+  struct Copy {
     std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> sources;
     std::vector<int64_t> versions;
     torch::Tensor copy;
   };
-  static std::mutex mutex;
-  static std::unordered_map<const c10::TensorImpl*, Cached> cache;  // by the first parameter
-  static size_t swept_size = 0;
-  std::vector<int64_t> versions;
-  for (const auto& p : parameters) versions.push_back(static_cast<int64_t>(p._version()));
-  const auto current = [&](const Cached& c) {
+
+  static std::vector<int64_t> versions_of(const std::vector<torch::Tensor>& parts) {
+    std::vector<int64_t> v;
+    for (const auto& p : parts) v.push_back(static_cast<int64_t>(p._version()));
+    return v;
+  }
+  static bool current(const Copy& c, const std::vector<torch::Tensor>& parts,
+                      const std::vector<int64_t>& versions) {
     if (c.versions != versions) return false;
-    for (size_t i = 0; i < parameters.size(); ++i)
-      if (c.sources[i].lock().get() != parameters[i].unsafeGetTensorImpl()) return false;
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (c.sources[i].lock().get() != parts[i].unsafeGetTensorImpl()) return false;
     return true;
-  };
-  const c10::TensorImpl* key = parameters[0].unsafeGetTensorImpl();
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end() && current(it->second)) return it->second.copy;
   }
-  const int64_t cols = parameters[0].size(1);
-  int64_t rows = 0;
-  for (const auto& p : parameters) {
-    TORCH_CHECK(p.dim() == 2 && p.size(1) == cols && p.scalar_type() == torch::kFloat32,
-                "to_bf16_cat: float32 [*, ", cols, "] parameters expected, got ", p.sizes());
-    rows += p.size(0);
+  // The parts rounded: one keeps its shape, several [r_i, C] stack to [sum r_i, C].
+  static torch::Tensor rounded(const std::vector<torch::Tensor>& parts) {
+    // A normal tensor even when the first to ask is an evaluation (inference mode): the
+    // next training step saves the copy for its backward.
+    const c10::InferenceMode normal_tensors(false);
+    const torch::NoGradGuard no_grad;
+    if (parts.size() == 1) return round_tensor_to_bf16(parts[0].detach());
+    const int64_t cols = parts[0].size(1);
+    int64_t rows = 0;
+    for (const auto& p : parts) {
+      TORCH_CHECK(p.dim() == 2 && p.size(1) == cols && p.scalar_type() == torch::kFloat32,
+                  "to_bf16_cat: float32 [*, ", cols, "] parameters expected, got ", p.sizes());
+      rows += p.size(0);
+    }
+    torch::Tensor out = torch::empty({rows, cols}, torch::dtype(torch::kBFloat16));
+    auto* d = static_cast<uint16_t*>(out.data_ptr());
+    for (const auto& p : parts) {
+      const torch::Tensor src = p.detach().contiguous();
+      round_to_bf16(src.data_ptr<float>(), d, src.numel());
+      d += src.numel();
+    }
+    return out;
   }
-  Cached entry;
-  {
-    const c10::InferenceMode normal_tensors(false);  // as to_bf16: a training step saves it
-    entry.copy = torch::empty({rows, cols}, torch::dtype(torch::kBFloat16));
+  // Drops the copies of freed parameters once the map has doubled since the last sweep (a
+  // sweep per new copy was quadratic in the number of parameters: 768 with E = 64).
+  void sweep() {
+    if (copies_.size() < 2 * swept_size_) return;
+    for (auto it = copies_.begin(); it != copies_.end();)
+      it = it->second.sources[0].expired() ? copies_.erase(it) : std::next(it);
+    swept_size_ = std::max<size_t>(copies_.size(), 16);
   }
-  auto* d = static_cast<uint16_t*>(entry.copy.data_ptr());
-  for (const auto& p : parameters) {
-    const torch::Tensor src = p.detach().contiguous();
-    round_to_bf16(src.data_ptr<float>(), d, src.numel());
-    d += src.numel();
-    entry.sources.emplace_back(p.getIntrusivePtr());
-  }
-  entry.versions = std::move(versions);
-  const torch::Tensor copy = entry.copy;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= 2 * swept_size) {  // drop freed parameters' copies now and then
-    for (auto it = cache.begin(); it != cache.end();)
-      it = it->second.sources[0].expired() ? cache.erase(it) : std::next(it);
-    swept_size = std::max<size_t>(cache.size(), 16);
-  }
-  cache[key] = std::move(entry);
-  return copy;
+
+  std::mutex mutex_;
+  std::map<Key, Copy> copies_;
+  size_t swept_size_ = 0;
+};
+
+Bf16Copies& bf16_copies() {
+  static Bf16Copies copies;
+  return copies;
+}
+
+}  // namespace
+
+torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
+  if (x.scalar_type() == torch::kBFloat16) return x;
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "to_bf16: float32 expected, got ",
+              x.scalar_type());
+  return parameter ? bf16_copies().get({x}) : round_tensor_to_bf16(x);
+}
+
+torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {
+  TORCH_CHECK(!parameters.empty() && parameters[0].dim() == 2, "to_bf16_cat: 2-D parameters");
+  return bf16_copies().get(parameters);
 }
 
 void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
