@@ -289,7 +289,7 @@ class Bf16Copies {
     // next training step saves the copy for its backward.
     const c10::InferenceMode normal_tensors(false);
     const torch::NoGradGuard no_grad;
-    if (parts.size() == 1) return round_tensor_to_bf16(parts[0].detach());
+    if (parts.size() == 1) return round_tensor_to_bf16(parts[0]);
     const int64_t cols = parts[0].size(1);
     int64_t rows = 0;
     for (const auto& p : parts) {
@@ -300,7 +300,7 @@ class Bf16Copies {
     torch::Tensor out = torch::empty({rows, cols}, torch::dtype(torch::kBFloat16));
     auto* d = static_cast<uint16_t*>(out.data_ptr());
     for (const auto& p : parts) {
-      const torch::Tensor src = p.detach().contiguous();
+      const torch::Tensor src = p.contiguous();
       round_to_bf16(src.data_ptr<float>(), d, src.numel());
       d += src.numel();
     }
