@@ -194,7 +194,7 @@ int main(int argc, char** argv) {
     const ProductChoice products = configure_products(prec, backend, bf16_emulation);
     const std::string fp32_library = name_of(products.settings.fp32);
     spdlog::info("products: {} ({})", precision,
-                 prec == Precision::bf16 ? std::string("oneDNN matmul, bf16 inputs")
+                 prec == Precision::bf16 ? std::string("oneDNN bf16 GEMM, fp32 sums")
                                          : fp32_library + " fp32");
     if (blas_threads > 0) set_blas_threads(blas_threads);
     if (torch_threads > 0) torch::set_num_threads(torch_threads);
