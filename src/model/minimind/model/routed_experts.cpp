@@ -57,6 +57,22 @@ void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torc
                        du.data_ptr<float>(), ga.size(0), ga.size(1), g.stride(0));
 }
 
+MINIMIND_NO_FMA_BEGIN
+// a [m, I] = s [m, I] * u [m, I] (row stride ld) rounded to bfloat16 as round_to_bf16 rounds:
+// the bf16 forward's SwiGLU product, in one pass.
+MINIMIND_CPU_CLONES void mul_rounded(const float* __restrict s, const float* __restrict u,
+                                     int64_t ld, uint16_t* __restrict a, int64_t m, int64_t I) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < I; ++j) {
+      const float v = s[i * I + j] * u[i * ld + j];
+      uint32_t b;
+      std::memcpy(&b, &v, sizeof b);
+      const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+      a[i * I + j] = static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+    }
+}
+MINIMIND_NO_FMA_END
+
 // The rows of each token, in the order the plain form adds them (ascending assignment):
 // rows[start[n] .. start[n + 1]) for token n. token: [M] int64 contiguous.
 struct TokenRows {
@@ -314,9 +330,8 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
           at::silu_out(s, g);
           if (bf16) {
-            torch::Tensor su = scratch(kTemp, m, I, torch::kFloat32);
-            at::mul_out(su, s, u);
-            round_to_bf16(su.data_ptr<float>(), static_cast<uint16_t*>(a_e.data_ptr()), m * I);
+            mul_rounded(s.data_ptr<float>(), u.data_ptr<float>(), u.stride(0),
+                        static_cast<uint16_t*>(a_e.data_ptr()), m, I);
           } else {
             at::mul_out(a_e, s, u);
           }
