@@ -49,12 +49,16 @@ double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
 // fails on a wrong layout or a dropped block (errors of order 1).
 constexpr double kFp32Accumulation = 4e-6;
 
+// bf16 also through its fallback (an fp32 GEMM of the rounded inputs, what a CPU without
+// AVX-512 runs): the same products up to the order of fp32 sums.
 TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
   const int before = blas_threads();
   for (const int threads : {1, 2}) {
-    set_blas_threads(threads);  // 2: the output split over two cores
-    for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    set_blas_threads(threads);          // 2: the output split over two cores
+    for (const int path : {0, 1, 2}) {  // fp32, bf16, bf16 through the fallback
+      const Precision p = path == 0 ? Precision::fp32 : Precision::bf16;
       const Products products(p, MatmulBackend::onednn);
+      force_bf16_gemm_fallback(path == 2);
       torch::manual_seed(3);
       struct Case {
         const char* name;
@@ -63,8 +67,8 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
       for (const Case c :
            {Case{"tall", 300, 96, 40}, Case{"wide", 20, 64, 700}, Case{"one row", 1, 64, 130},
             Case{"one column", 90, 32, 1}, Case{"long sum", 64, 1024, 48}}) {
-        SCOPED_TRACE(std::string(c.name) + (p == Precision::bf16 ? " bf16" : " fp32") +
-                     " threads " + std::to_string(threads));
+        SCOPED_TRACE(std::string(c.name) + (path == 0 ? " fp32" : " bf16") +
+                     (path == 2 ? " fallback" : "") + " threads " + std::to_string(threads));
         const torch::Tensor a = torch::randn({c.M, c.K}), b = torch::randn({c.K, c.N});
         const torch::Tensor want = rounded(a, p).mm(rounded(b, p));
         // Plain, both transposed views, and column ranges of wider buffers (row stride >
@@ -84,6 +88,7 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
       }
     }
   }
+  force_bf16_gemm_fallback(false);
   set_blas_threads(before);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -138,6 +139,19 @@ void gemm_bf16(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c,
   });
 }
 
+// oneDNN 2.6 has its bf16 GEMM for AVX-512 CPUs only (elsewhere it returns unimplemented).
+bool bf16_gemm_runs() {
+  static const bool runs = [] {
+    const uint16_t one = 0x3f80;  // 1.0 in bfloat16
+    float c = 0;
+    return dnnl_gemm_bf16bf16f32('N', 'N', 1, 1, 1, 1.0f, &one, 1, &one, 1, 0.0f, &c, 1) ==
+               dnnl_success &&
+           c == 1.0f;
+  }();
+  return runs;
+}
+std::atomic<bool> g_force_bf16_fallback{false};
+
 // One core each, the bench model's FFN products forward ([1024, 256] x [256, 832]) and
 // backward ([1024, 832] x [832, 256]): the lower of the two figures per library.
 std::pair<double, double> probe_fp32_libraries() {
@@ -233,6 +247,14 @@ std::string ProductChoice::describe() const {
         << static_cast<int>(onednn_gflops) << " GFLOP/s)";
   out << "; CPU " << cpu_flags;
   return out.str();
+}
+
+bool bf16_gemm_native() {
+  return bf16_gemm_runs() && !g_force_bf16_fallback.load();
+}
+
+void force_bf16_gemm_fallback(bool on) {
+  g_force_bf16_fallback = on;
 }
 
 bool products_leave_aten(Precision precision) {
@@ -357,12 +379,19 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
     return;
   }
   const int64_t ldc = c.size(0) == 1 ? N : c.stride(0);
-  if (precision == Precision::bf16) {
+  if (precision == Precision::bf16 && bf16_gemm_native()) {
     gemm_bf16(to_bf16(a), to_bf16(b), c, ldc);
     return;
   }
   Layout la{}, lb{};
-  const torch::Tensor ao = gemm_operand(a, la), bo = gemm_operand(b, lb);
+  torch::Tensor ao, bo;
+  if (precision == Precision::bf16) {  // no bf16 GEMM: fp32 GEMM of the rounded inputs
+    ao = gemm_operand(to_bf16(a).to(torch::kFloat32), la);
+    bo = gemm_operand(to_bf16(b).to(torch::kFloat32), lb);
+  } else {
+    ao = gemm_operand(a, la);
+    bo = gemm_operand(b, lb);
+  }
   sgemm_onednn(la, ao.data_ptr<float>(), lb, bo.data_ptr<float>(), c.data_ptr<float>(), ldc, M, N,
                K);
 }

@@ -74,6 +74,13 @@ torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters);
 // thread: for a task's own buffers.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
+// Whether bf16 products run on oneDNN's bf16 GEMM, which oneDNN 2.6 has for AVX-512 CPUs
+// only. Without it (a CPU without AVX-512, under run.bf16_emulation) a bf16 product is an
+// fp32 GEMM of the rounded inputs: the same numbers up to the order of fp32 sums.
+// force_bf16_gemm_fallback(true) takes that route on any CPU (for tests).
+bool bf16_gemm_native();
+void force_bf16_gemm_fallback(bool on);
+
 // Whether products in `precision` of float32 tensors leave ATen's own ops (OpenBLAS).
 bool products_leave_aten(Precision precision);
 
