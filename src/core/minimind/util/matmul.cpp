@@ -10,9 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <sstream>
-#include <unordered_map>
 #include <vector>
 
 #include "minimind/error.h"
@@ -23,18 +21,11 @@
 
 namespace minimind {
 
-// dst[i] = src[i] rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN:
-// c10::BFloat16's rounding bit for bit, in a loop the compiler vectorises: ATen 1.13 converts
-// one element at a time, which cost more than the bf16 products saved.
+// A loop the compiler vectorises: ATen 1.13 converts one element at a time, which cost more
+// than the bf16 products saved.
 MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __restrict dst,
                                        int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], sizeof u);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    dst[i] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
 }
 
 namespace {

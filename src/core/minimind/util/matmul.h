@@ -15,6 +15,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "minimind/choices.h"
@@ -70,8 +72,16 @@ torch::Tensor to_bf16(const torch::Tensor& x, bool parameter = false);
 // weights, for one product over both).
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters);
 
-// dst[i] = src[i] rounded to bfloat16 (as c10::BFloat16 rounds), i < n, on the calling
-// thread: for a task's own buffers.
+// x rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN: c10::BFloat16's
+// rounding bit for bit, inline so that the loops calling it vectorise.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
+// dst[i] = bf16_bits(src[i]), i < n, on the calling thread: for a task's own buffers.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 // Whether bf16 products run on oneDNN's bf16 GEMM, which oneDNN 2.6 has for AVX-512 CPUs

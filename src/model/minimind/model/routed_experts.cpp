@@ -58,17 +58,13 @@ void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torc
 }
 
 MINIMIND_NO_FMA_BEGIN
-// a [m, I] = s [m, I] * u [m, I] (row stride ld) rounded to bfloat16 as round_to_bf16 rounds:
-// the bf16 forward's SwiGLU product, in one pass.
+// a [m, I] = s [m, I] * u [m, I] (row stride ld) rounded to bfloat16: the bf16 forward's
+// SwiGLU product, in one pass.
 MINIMIND_CPU_CLONES void mul_rounded(const float* __restrict s, const float* __restrict u,
                                      int64_t ld, uint16_t* __restrict a, int64_t m, int64_t I) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < I; ++j) {
-      const float v = s[i * I + j] * u[i * ld + j];
-      uint32_t b;
-      std::memcpy(&b, &v, sizeof b);
-      const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-      a[i * I + j] = static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+      a[i * I + j] = bf16_bits(s[i * I + j] * u[i * ld + j]);
     }
 }
 MINIMIND_NO_FMA_END
@@ -94,6 +90,17 @@ TokenRows rows_of_tokens(const torch::Tensor& token, int64_t N) {
 }
 
 MINIMIND_NO_FMA_BEGIN
+// o[h] += s[h] * (*w) (the product rounded first), or o[h] += s[h] without w.
+template <typename T>
+inline void add_row(T* __restrict o, const T* __restrict s, const T* w, int64_t H) {
+  if (w) {
+    const T wi = *w;
+    for (int64_t h = 0; h < H; ++h) o[h] += s[h] * wi;
+  } else {
+    for (int64_t h = 0; h < H; ++h) o[h] += s[h];
+  }
+}
+
 // out[n] = 0 + src[i0] * w[i0] + src[i1] * w[i1] + ..., over token n's rows in order, for
 // n in [n0, n1): index_add of the rows (times w, rounded first, when w is given) into zeros.
 template <typename T>
@@ -105,13 +112,7 @@ MINIMIND_CPU_CLONES void sum_rows_per_token(const T* __restrict src, const T* __
     for (int64_t h = 0; h < H; ++h) o[h] = T(0);
     for (int64_t j = r.start[n]; j < r.start[n + 1]; ++j) {
       const int64_t i = r.rows[j];
-      const T* s = src + i * H;
-      if (w) {
-        const T wi = w[i];
-        for (int64_t h = 0; h < H; ++h) o[h] += s[h] * wi;
-      } else {
-        for (int64_t h = 0; h < H; ++h) o[h] += s[h];
-      }
+      add_row(o, src + i * H, w ? w + i : nullptr, H);
     }
   }
 }
@@ -141,16 +142,7 @@ template <typename T>
 MINIMIND_CPU_CLONES void add_rows_to_tokens(const T* __restrict src, const T* __restrict w,
                                             const int64_t* __restrict tok, int64_t m,
                                             T* __restrict out, int64_t H) {
-  for (int64_t i = 0; i < m; ++i) {
-    T* o = out + tok[i] * H;
-    const T* s = src + i * H;
-    if (w) {
-      const T wi = w[i];
-      for (int64_t h = 0; h < H; ++h) o[h] += s[h] * wi;
-    } else {
-      for (int64_t h = 0; h < H; ++h) o[h] += s[h];
-    }
-  }
+  for (int64_t i = 0; i < m; ++i) add_row(out + tok[i] * H, src + i * H, w ? w + i : nullptr, H);
 }
 MINIMIND_NO_FMA_END
 
@@ -247,12 +239,11 @@ torch::Tensor rows_operand(const torch::Tensor& rows, Precision p) {
 MINIMIND_NO_FMA_BEGIN
 // One expert's rows of the weighted sum's backward in bf16, in one pass: gweight[i] =
 // gy[tok[i]] . ys[i] (the routing weight's gradient) and gyw[i] = w[i] * gy[tok[i]] rounded
-// (the gradient the down projection receives); `scaled` holds one row.
+// (the gradient the down projection receives).
 MINIMIND_CPU_CLONES void weighted_grad_rows(const float* __restrict gy, const float* __restrict ys,
                                             const float* __restrict w,
                                             const int64_t* __restrict tok, int64_t m, int64_t H,
-                                            float* __restrict gweight, float* __restrict scaled,
-                                            uint16_t* __restrict gyw) {
+                                            float* __restrict gweight, uint16_t* __restrict gyw) {
   // The dot product in kLanes partial sums, added up in a fixed order at the end: one sum
   // would be a chain of dependent additions the compiler may not vectorise.
   constexpr int64_t kLanes = 16;
@@ -266,9 +257,8 @@ MINIMIND_CPU_CLONES void weighted_grad_rows(const float* __restrict gy, const fl
     float dot = 0;
     for (; h < H; ++h) dot += g[h] * y[h];
     for (int64_t j = 0; j < kLanes; ++j) dot += lanes[j];
-    for (h = 0; h < H; ++h) scaled[h] = g[h] * w[i];
+    for (h = 0; h < H; ++h) gyw[i * H + h] = bf16_bits(g[h] * w[i]);
     gweight[i] = dot;
-    round_to_bf16(scaled, gyw + i * H, H);
   }
 }
 MINIMIND_NO_FMA_END
@@ -389,10 +379,9 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           torch::Tensor gy_p;  // [m, H] gy_e * w in the products' precision
           if (bf16) {
             gy_p = scratch(kGradRows, m, H, torch::kBFloat16);
-            torch::Tensor scaled = scratch(kTemp, 1, H, type);
             weighted_grad_rows(gy.data_ptr<float>(), ys.data_ptr<float>() + off * H,
                                weight.data_ptr<float>() + off, tokens + off, m, H,
-                               gweight_e.data_ptr<float>(), scaled.data_ptr<float>(),
+                               gweight_e.data_ptr<float>(),
                                static_cast<uint16_t*>(gy_p.data_ptr()));
           } else {
             torch::Tensor gy_e = scratch(kGradRows, m, H, type);
