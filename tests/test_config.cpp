@@ -475,3 +475,13 @@ TEST(ConfigBalancing, ChoicesRoundTripByName) {
   expect_error("", {"model.scoring_func", "--set", "\"softmax\", \"sigmoid\""},
                {"model.scoring_func=relu"});
 }
+
+TEST(ConfigExpertParallel, MustDivideTheExpertsOfAMoEModel) {
+  expect_error(
+      "run:\n  expert_parallel: 3\nmodel:\n  use_moe: true\n  num_experts: 4\n",
+      {"run.expert_parallel (test.yaml line 2)", "must divide model.num_experts = 4", "got 3"});
+  expect_error("run:\n  expert_parallel: 2\n", {"run.expert_parallel", "needs model.use_moe"});
+  expect_error("run:\n  expert_parallel: 0\n", {"run.expert_parallel"});
+  EXPECT_EQ(error_of("run:\n  expert_parallel: 2\nmodel:\n  use_moe: true\n  num_experts: 4\n"),
+            "");
+}

@@ -368,3 +368,48 @@ TEST(MatmulPeak, OneDnnGemmIsTheProductAndEveryBackendIsMeasured) {
         << peaks[2].kernel;
   }
 }
+
+// Expert parallelism: a model holding shard 1 of 2 of the experts names the whole model's
+// parameters in the whole model's order and, seeded alike, starts from the whole model's
+// weights (every rank then trains the same model as one process would).
+TEST(ExpertShard, HoldsItsExpertsUnderGlobalNamesWithTheWholeModelsWeights) {
+  ModelConfig cfg = small(true);
+  torch::manual_seed(3);
+  MiniMindForCausalLM whole(cfg);
+  init_weights(whole);
+  torch::manual_seed(3);
+  MiniMindForCausalLM part(cfg, ExpertShard{1, 2});
+  init_weights(part);
+
+  const std::vector<ParamSlot> slots = full_parameters(part);
+  const auto names = whole->named_parameters();
+  ASSERT_EQ(slots.size(), names.size());
+  int64_t held = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    EXPECT_EQ(slots[i].name, names[i].key());
+    EXPECT_EQ(slots[i].shape, names[i].value().sizes().vec());
+    const bool expert = slots[i].name.find(".mlp.experts.") != std::string::npos;
+    EXPECT_EQ(slots[i].routed_expert, expert) << slots[i].name;
+    // Shard 1 of 2 of 4 experts: experts 2 and 3.
+    const bool mine = !expert || slots[i].name.find(".experts.2.") != std::string::npos ||
+                      slots[i].name.find(".experts.3.") != std::string::npos;
+    ASSERT_EQ(slots[i].local.defined(), mine) << slots[i].name;
+    if (!mine) continue;
+    ++held;
+    EXPECT_TRUE(torch::equal(slots[i].local, names[i].value())) << slots[i].name;
+  }
+  EXPECT_EQ(held, static_cast<int64_t>(part->parameters().size()));
+  EXPECT_EQ(count_parameters(part).total, count_parameters(whole).total);
+  EXPECT_THROW(part->model->blocks[0]->moe_mlp->expert(0), c10::Error);
+
+  // Its checkpoint file is the whole model's; loading takes its own experts, and the
+  // others' are no mismatch.
+  const std::string path = testing::TempDir() + "/whole.pth";
+  save_weights(whole, path);
+  torch::manual_seed(4);
+  MiniMindForCausalLM other(cfg, ExpertShard{1, 2});
+  init_weights(other);
+  load_weights(other, path);
+  for (const auto& p : other->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), whole->named_parameters()[p.key()])) << p.key();
+}

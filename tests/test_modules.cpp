@@ -218,7 +218,7 @@ MOEFeedForward fixed_router_moe(bool norm_topk_prob, double aux_coef) {
                                               {l2, 0.0, 0.0, l4}});  // [token, expert]
   set(moe->gate->weight, logits.t().contiguous());
   for (int64_t e = 0; e < 4; ++e) {
-    auto& expert = *moe->experts->ptr<FeedForwardImpl>(e);
+    auto& expert = *moe->expert(e);
     set(expert.gate_proj->weight, torch::ones({1, 4}));
     set(expert.up_proj->weight, torch::ones({1, 4}));
     set(expert.down_proj->weight, torch::eye(4).narrow(1, e, 1));

@@ -76,6 +76,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(run, precision),
       MM_FIELD(run, bf16_emulation),
       MM_FIELD(run, matmul),
+      MM_FIELD(run, expert_parallel),
       MM_FIELD(model, hidden_size),
       MM_FIELD(model, num_hidden_layers),
       MM_FIELD(model, num_attention_heads),
@@ -348,6 +349,7 @@ void validate_run(const Checker& c, const RunConfig& r) {
     c.fail("run.threads",
            "must be at most " + std::to_string(kMaxThreads) + ", got " + std::to_string(r.threads));
   c.positive("run.dist_timeout", r.dist_timeout);
+  c.positive("run.expert_parallel", r.expert_parallel);
 }
 
 }  // namespace
@@ -355,6 +357,18 @@ void validate_run(const Checker& c, const RunConfig& r) {
 std::vector<std::string> validate_and_resolve(Config& cfg) {
   Checker c(cfg);
   validate_run(c, cfg.run);
+  if (cfg.run.expert_parallel > 1) {
+    if (!cfg.model.use_moe)
+      c.fail("run.expert_parallel",
+             "spreads routed experts over ranks: it needs model.use_moe "
+             "true (got " +
+                 std::to_string(cfg.run.expert_parallel) + ")");
+    else if (cfg.model.num_experts % cfg.run.expert_parallel != 0)
+      c.fail("run.expert_parallel",
+             "must divide model.num_experts = " + std::to_string(cfg.model.num_experts) +
+                 " (each rank of an expert group holds as many), got " +
+                 std::to_string(cfg.run.expert_parallel));
+  }
   validate_model(c, cfg.model);
   validate_data(c, cfg);
   validate_train(c, cfg.train);

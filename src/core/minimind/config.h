@@ -31,6 +31,9 @@ struct RunConfig {
   // than fp32; refused unless this is true.
   bool bf16_emulation = false;
   MatmulBackend matmul = MatmulBackend::automatic;  // the fp32 products' library
+  // Expert parallelism: each MoE layer's routed experts spread over this many ranks, which
+  // exchange token rows all-to-all (docs/distributed.md). Divides the ranks and the experts.
+  int64_t expert_parallel = 1;
 };
 
 // Field names and defaults are MiniMind's MiniMindConfig (docs/minimind-spec.md).

@@ -3,13 +3,16 @@
 #define USE_C10D_GLOO 1
 #include "minimind/dist/distributed.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "minimind/util/stopwatch.h"
@@ -118,6 +121,11 @@ Distributed::Distributed(const DistEnv& env, std::chrono::milliseconds timeout)
 Distributed::Distributed() = default;
 Distributed::~Distributed() = default;
 
+std::string Distributed::who() const {
+  if (job_ranks_.empty()) return fmt::format("rank {} of {}", env_.rank, env_.world_size);
+  return fmt::format("rank {} of {}", job_ranks_[static_cast<size_t>(env_.rank)], job_world_);
+}
+
 void Distributed::run(const char* what, const std::function<void()>& op) {
   if (!group_) return;
   const Stopwatch watch;
@@ -125,18 +133,22 @@ void Distributed::run(const char* what, const std::function<void()>& op) {
     op();
   } catch (const std::exception& e) {
     const std::string why = e.what();
+    // In a group of two (an expert group of two ranks) the lost rank is the other one.
+    std::string other = "another rank";
+    if (job_ranks_.size() == 2)
+      other = fmt::format("rank {}", job_ranks_[static_cast<size_t>(1 - env_.rank)]);
     // The usual case: another rank ended (its own error says why, e.g. a refused run
     // directory), closing its connections. Say that plainly rather than as a network fault.
-    if (why.find("Connection closed by peer") != std::string::npos)
+    if (why.find("Connection closed by peer") != std::string::npos ||
+        why.find("Connection reset by peer") != std::string::npos)
       throw DistError(
-          fmt::format("rank {} of {}: another rank has ended (stopped, failed or was "
-                      "killed: its own message, if any, says why); stopping too (the "
-                      "last checkpoint is intact)",
-                      env_.rank, env_.world_size));
+          fmt::format("{}: {} has ended (stopped, failed or was killed: its own message, if "
+                      "any, says why) during {}; stopping too (the last checkpoint is intact)",
+                      who(), other, what));
     throw DistError(fmt::format(
-        "rank {} of {}: {} failed — another rank stopped, crashed or did not answer within "
-        "{} s; the job stops here (the last checkpoint is intact): {}",
-        env_.rank, env_.world_size, what, timeout_.count() / 1000.0, why));
+        "{}: {} failed — {} stopped, crashed or did not answer within {} s; the job stops "
+        "here (the last checkpoint is intact): {}",
+        who(), what, other, timeout_.count() / 1000.0, why));
   }
   comm_seconds_ += watch.seconds();
 }
@@ -173,7 +185,18 @@ void Distributed::all_reduce_max(torch::Tensor& t) {
 
 void Distributed::average_gradients(const std::vector<torch::Tensor>& params,
                                     int64_t bucket_bytes) {
-  if (!group_) return;
+  sum_gradients_divided(params, env_.world_size, bucket_bytes);
+}
+
+void Distributed::sum_gradients_divided(const std::vector<torch::Tensor>& params, double divisor,
+                                        int64_t bucket_bytes) {
+  if (!group_) {
+    if (divisor != 1) {
+      torch::NoGradGuard no_grad;
+      for (const auto& p : params) p.mutable_grad().div_(divisor);
+    }
+    return;
+  }
   torch::NoGradGuard no_grad;
   // Consecutive parameters of one dtype share a bucket until it holds bucket_bytes.
   size_t first = 0;
@@ -192,7 +215,7 @@ void Distributed::average_gradients(const std::vector<torch::Tensor>& params,
     }
     torch::Tensor flat = torch::cat(grads);  // [sum of numel]
     all_reduce_sum(flat);
-    flat.div_(env_.world_size);
+    flat.div_(divisor);
     int64_t offset = 0;
     for (size_t i = first; i < last; ++i) {
       torch::Tensor g = params[i].mutable_grad();
@@ -216,6 +239,75 @@ void Distributed::broadcast_from_main(const std::vector<torch::Tensor>& tensors)
 
 void Distributed::barrier() {
   run("barrier", [&] { group_->pg->barrier()->wait(); });
+}
+
+torch::Tensor Distributed::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send,
+                                      const std::vector<int64_t>& recv) {
+  const auto world = static_cast<size_t>(env_.world_size);
+  TORCH_CHECK(send.size() == world && recv.size() == world, "all_to_all: ", world,
+              " block sizes each way expected");
+  int64_t rows_in = 0, rows_out = 0;
+  for (size_t q = 0; q < world; ++q) rows_in += send[q], rows_out += recv[q];
+  TORCH_CHECK(input.size(0) == rows_in, "all_to_all: input has ", input.size(0), " rows, blocks ",
+              rows_in);
+  if (!group_) return input;
+  std::vector<int64_t> out_shape = input.sizes().vec();
+  out_shape[0] = rows_out;
+  torch::Tensor out = torch::empty(out_shape, input.options());
+  torch::Tensor in = input.contiguous();
+  run("all-to-all", [&] {
+    std::vector<int64_t> out_splits = recv, in_splits = send;
+    group_->pg->alltoall_base(out, in, out_splits, in_splits)->wait();
+  });
+  return out;
+}
+
+torch::Tensor Distributed::gather_to_main(const torch::Tensor& t) {
+  if (!group_) return t.unsqueeze(0);
+  const torch::Tensor in = t.contiguous();
+  std::vector<std::vector<torch::Tensor>> out;
+  torch::Tensor all;  // [world, ...] on rank 0, each rank's part written in place
+  if (is_main()) {
+    std::vector<int64_t> shape{env_.world_size};
+    for (int64_t d : in.sizes()) shape.push_back(d);
+    all = torch::empty(shape, in.options());
+    out.emplace_back();
+    for (int r = 0; r < env_.world_size; ++r) out[0].push_back(all[r]);
+  }
+  run("gather", [&] {
+    std::vector<torch::Tensor> v{in};
+    group_->pg->gather(out, v)->wait();
+  });
+  return all;
+}
+
+std::unique_ptr<Distributed> Distributed::subgroup(const std::string& name,
+                                                   const std::vector<int>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), env_.rank);
+  TORCH_CHECK(me != ranks.end(), "subgroup ", name, ": rank ", env_.rank, " is not a member");
+  TORCH_CHECK(job_ranks_.empty(), "subgroup ", name, ": groups are made from the whole job");
+  auto sub = std::make_unique<Distributed>();
+  sub->env_ = env_;
+  sub->env_.rank = static_cast<int>(me - ranks.begin());
+  sub->env_.world_size = static_cast<int>(ranks.size());
+  sub->timeout_ = timeout_;
+  sub->job_ranks_ = ranks;
+  sub->job_world_ = env_.world_size;
+  if (ranks.size() < 2 || !group_) return sub;  // a group of one: collectives do nothing
+  sub->group_ = std::make_unique<Group>();
+  try {
+    sub->group_->store = c10::make_intrusive<c10d::PrefixStore>(name, group_->store);
+    auto o = c10d::ProcessGroupGloo::Options::create(timeout_);
+    o->devices.push_back(gloo_device(env_));
+    o->threads = 2;
+    sub->group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        sub->group_->store, sub->env_.rank, sub->env_.world_size, o);
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format("{}: could not form the group '{}' of ranks {} within {} s: {}",
+                                who(), name, fmt::join(ranks, ", "), timeout_.count() / 1000.0,
+                                e.what()));
+  }
+  return sub;
 }
 
 }  // namespace minimind

@@ -52,7 +52,17 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   const auto total = static_cast<int64_t>(rows.size());
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t first = rank * batch_size; first < total; first += world * batch_size) {
+  // Experts spread over the ranks (expert parallelism): every forward exchanges rows with
+  // the others, so every rank runs as many forwards, one with a pad row when it has no
+  // batch left (its output unread).
+  const bool in_step = !model->expert_shard().whole();
+  const int64_t rounds = (total + world * batch_size - 1) / (world * batch_size);
+  for (int64_t round = 0, first = rank * batch_size; in_step ? round < rounds : first < total;
+       ++round, first += world * batch_size) {
+    if (first >= total) {
+      model(torch::full({1, 2}, kPadId, torch::kLong));
+      continue;
+    }
     const int64_t B = std::min(batch_size, total - first);
     // Rows are only as long as the longest of the batch needs.
     int64_t L = 2;

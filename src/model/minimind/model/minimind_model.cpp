@@ -1,17 +1,19 @@
 #include "minimind/model/minimind_model.h"
 
+#include <map>
+
 #include "minimind/model/linear.h"
 #include "minimind/model/next_token_loss.h"
 
 namespace minimind {
 
-MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
+MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, ExpertShard shard) {
   self_attn = register_module("self_attn", Attention(cfg));
   input_layernorm = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   if (cfg.use_moe) {
-    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg)));
+    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, shard)));
   } else {
     dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size()));
   }
@@ -31,23 +33,32 @@ BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTable
   return {h + dense_mlp(normed), {}};
 }
 
-MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg, ExpertShard shard)
+    : dropout(cfg.dropout) {
   embed_tokens =
       register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    blocks.emplace_back(cfg);
+    blocks.emplace_back(cfg, shard);
     layers->push_back(blocks.back());
   }
   norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   rope = make_rotary_tables(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta);
 }
 
-MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
-  model = register_module("model", MiniMindModel(cfg));
+MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg, ExpertShard shard)
+    : cfg_(cfg), shard_(cfg.use_moe ? shard : ExpertShard{}) {
+  model = register_module("model", MiniMindModel(cfg, shard_));
   if (!cfg.tie_word_embeddings) {
     lm_head = register_module("lm_head", linear_no_bias(cfg.hidden_size, cfg.vocab_size));
   }
+}
+
+void MiniMindForCausalLMImpl::set_expert_exchange(ExpertExchange* exchange) {
+  TORCH_CHECK(!exchange || exchange->size() == shard_.count, "an exchange over ",
+              exchange ? exchange->size() : 0, " ranks for experts in ", shard_.count, " shards");
+  for (auto& block : model->blocks)
+    if (block->moe_mlp) block->moe_mlp->set_exchange(exchange);
 }
 
 torch::Tensor MiniMindForCausalLMImpl::lm_head_weight() const {
@@ -125,15 +136,59 @@ std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_weights() const {
   return out;
 }
 
+std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model) {
+  const int64_t E = model->config().num_experts;
+  const ExpertShard& shard = model->expert_shard();
+  std::vector<ParamSlot> out;
+  // A routed expert's parameter is named PREFIX.experts.ID.REST; the experts of a layer come
+  // one after another, so the held ones are replaced, at the first, by all E in order.
+  const std::string mark = ".experts.";
+  std::string prefix;  // of the layer whose experts are being read
+  std::vector<std::pair<std::string, std::vector<int64_t>>> rest;  // one expert's parameters
+  std::map<std::string, torch::Tensor> held;                       // this layer's, by name
+  auto flush = [&] {
+    if (prefix.empty()) return;
+    for (int64_t e = 0; e < E; ++e)
+      for (const auto& [suffix, shape] : rest) {
+        const std::string name = prefix + mark + std::to_string(e) + "." + suffix;
+        const auto it = held.find(name);
+        out.push_back({name, shape, it == held.end() ? torch::Tensor() : it->second, true});
+      }
+    prefix.clear(), rest.clear(), held.clear();
+  };
+  const int64_t first = shard.first(E);
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const size_t at = name.find(mark);
+    if (at == std::string::npos || name.find("shared_experts") != std::string::npos) {
+      flush();
+      out.push_back({name, item.value().sizes().vec(), item.value(), false});
+      continue;
+    }
+    const std::string p = name.substr(0, at);
+    if (p != prefix) flush(), prefix = p;
+    const size_t dot = name.find('.', at + mark.size());
+    const std::string id = name.substr(at + mark.size(), dot - at - mark.size());
+    if (std::stoll(id) == first)
+      rest.emplace_back(name.substr(dot + 1), item.value().sizes().vec());
+    held[name] = item.value();
+  }
+  flush();
+  return out;
+}
+
 void init_weights(MiniMindForCausalLM& model) {
   torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
+  for (const ParamSlot& slot : full_parameters(model)) {
+    const std::string& name = slot.name;
     const bool is_norm = name.size() >= 11 && name.find("norm.weight") == name.size() - 11;
+    // Another rank's expert: drawn all the same, so the generator stays where the whole
+    // model's initialisation leaves it.
+    torch::Tensor t = slot.local.defined() ? slot.local : torch::empty(slot.shape);
     if (is_norm) {
-      item.value().fill_(1.0);
+      t.fill_(1.0);
     } else {
-      item.value().normal_(0.0, 0.02);
+      t.normal_(0.0, 0.02);
     }
   }
 }
@@ -141,7 +196,7 @@ void init_weights(MiniMindForCausalLM& model) {
 ParamCount count_parameters(const MiniMindForCausalLM& model) {
   const ModelConfig& cfg = model->config();
   ParamCount c{0, 0};
-  for (const auto& p : model->parameters()) c.total += p.numel();
+  for (const ParamSlot& p : full_parameters(model)) c.total += c10::multiply_integers(p.shape);
   c.active = c.total;
   if (cfg.use_moe) {
     // Shared experts and the router are active for every token; routed experts k of E.

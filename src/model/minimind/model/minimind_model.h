@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
 #include "minimind/config.h"
@@ -23,7 +24,7 @@ struct BlockOutput {
 // h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
-  explicit MiniMindBlockImpl(const ModelConfig& cfg);
+  explicit MiniMindBlockImpl(const ModelConfig& cfg, ExpertShard shard = {});
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
   BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
@@ -39,7 +40,7 @@ TORCH_MODULE(MiniMindBlock);
 
 class MiniMindModelImpl : public torch::nn::Module {
  public:
-  explicit MiniMindModelImpl(const ModelConfig& cfg);
+  explicit MiniMindModelImpl(const ModelConfig& cfg, ExpertShard shard = {});
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -84,7 +85,8 @@ struct ForwardOutput {
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {
  public:
-  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg);
+  // shard: the routed experts this process holds (expert parallelism; all by default).
+  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg, ExpertShard shard = {});
 
   // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional). With the
   // global aux scope, a training forward's aux loss is completed by GlobalAuxScope.
@@ -104,21 +106,38 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   torch::Tensor lm_head_weight() const;
 
   const ModelConfig& config() const { return cfg_; }
+  const ExpertShard& expert_shard() const { return shard_; }
+  // Expert parallelism: every MoE layer exchanges rows over `exchange` (nullptr: none).
+  void set_expert_exchange(ExpertExchange* exchange);
 
   MiniMindModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // only when !tie_word_embeddings
 
  private:
   ModelConfig cfg_;
+  ExpertShard shard_;
 };
 TORCH_MODULE(MiniMindForCausalLM);
 
+// The whole model's parameters in named_parameters() order, whichever experts this process
+// holds: a slot per parameter with its name and shape, and the tensor when held here
+// (undefined for the routed experts of other ranks). The one order checkpoints use.
+struct ParamSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  torch::Tensor local;
+  bool routed_expert = false;  // a routed expert's (held here or not)
+};
+std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model);
+
 // Fresh weights as MiniMind initialises them: Linear/Embedding ~ N(0, 0.02), norms = 1.
 // Uses torch's global generator: call torch::manual_seed first for reproducible weights.
+// A process holding some of the experts draws the others' values too (and drops them), so
+// its weights are those of the whole model.
 void init_weights(MiniMindForCausalLM& model);
 
 struct ParamCount {
-  int64_t total;   // every parameter once (a tied embedding counts once)
+  int64_t total;   // every parameter of the whole model once (a tied embedding counts once)
   int64_t active;  // per token: only num_experts_per_tok experts of each MoE layer
 };
 ParamCount count_parameters(const MiniMindForCausalLM& model);

@@ -18,10 +18,19 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
     if (opt_.balancing.bias_rate > 0)
       bias_ = gate->register_buffer("e_score_correction_bias", torch::zeros({num_experts_}));
   }
-  experts = register_module("experts", torch::nn::ModuleList());
+  TORCH_CHECK(opt_.shard.count >= 1 && num_experts_ % opt_.shard.count == 0 &&
+                  opt_.shard.index >= 0 && opt_.shard.index < opt_.shard.count,
+              "expert shard ", opt_.shard.index, " of ", opt_.shard.count, " does not divide ",
+              num_experts_, " experts");
+  experts = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < num_experts_; ++e) {
-    expert_list_.emplace_back(opt_.hidden_size, opt_.expert_ffn_size);
-    experts->push_back(expert_list_.back());
+    // Another rank's expert is built and dropped all the same: building draws from torch's
+    // generator (LibTorch's default initialisation), which must end where the whole
+    // model's building leaves it.
+    FeedForward expert(opt_.hidden_size, opt_.expert_ffn_size);
+    if (!opt_.shard.holds(e, num_experts_)) continue;
+    expert_list_.push_back(expert);
+    experts->register_module(std::to_string(e), expert);
   }
   if (opt_.shared_experts > 0) {
     shared_experts = register_module("shared_experts", torch::nn::ModuleList());
@@ -30,6 +39,11 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
       shared_experts->push_back(shared_list_.back());
     }
   }
+}
+
+FeedForward MOEFeedForwardImpl::expert(int64_t e) const {
+  TORCH_CHECK(opt_.shard.holds(e, num_experts_), "expert ", e, " is held by another rank");
+  return expert_list_.at(static_cast<size_t>(e - opt_.shard.first(num_experts_)));
 }
 
 MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_flat,
@@ -89,14 +103,67 @@ torch::Tensor stable_order(const torch::Tensor& values, const torch::Tensor& cou
 
 }  // namespace
 
+torch::Tensor MOEFeedForwardImpl::run_remote(const torch::Tensor& rows,
+                                             const std::vector<int64_t>& counts, int channel) {
+  const int64_t n = opt_.shard.count, E = num_experts_, held = E / n;
+  // What each rank of the group sends to each: rows, and per expert how many (the receiver
+  // runs each of its experts on one slice).
+  std::vector<int64_t> send(static_cast<size_t>(n), 0);
+  for (int64_t e = 0; e < E; ++e) send[static_cast<size_t>(e / held)] += counts[e];
+  const std::vector<int64_t> even(static_cast<size_t>(n), held);
+  const torch::Tensor mine = torch::tensor(counts, torch::kLong);  // [E]
+  // [n * held]: rank s sends got[s * held + j] rows for this rank's j-th expert.
+  const torch::Tensor got = exchange_->all_to_all(mine, even, even, channel).contiguous();
+  const int64_t* g = got.data_ptr<int64_t>();
+  std::vector<int64_t> recv(static_cast<size_t>(n), 0), per_expert(static_cast<size_t>(held), 0);
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t j = 0; j < held; ++j) {
+      recv[static_cast<size_t>(s)] += g[s * held + j];
+      per_expert[static_cast<size_t>(j)] += g[s * held + j];
+    }
+  exchange_->count_tokens(send, recv);
+  const torch::Tensor received = exchange_rows(*exchange_, rows, send, recv, channel);  // [R, H]
+  const int64_t R = received.size(0);
+  // The received rows come by source, then by expert; each expert's rows, source by source,
+  // are its slice. Those positions are the gather list routed_experts takes, and with unit
+  // weights it puts each row's expert output back in that row's place: [R, H] by source.
+  // (Source by source is the order a single process holding every rank's rows would give.)
+  std::vector<int64_t> start(static_cast<size_t>(n * held), 0);  // of (source, expert) blocks
+  int64_t at = 0;
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t j = 0; j < held; ++j) {
+      start[static_cast<size_t>(s * held + j)] = at;
+      at += g[s * held + j];
+    }
+  torch::Tensor order = torch::empty({R}, torch::kLong);  // [R]
+  int64_t* o = order.data_ptr<int64_t>();
+  for (int64_t j = 0; j < held; ++j)
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t i = 0; i < g[s * held + j]; ++i)
+        *o++ = start[static_cast<size_t>(s * held + j)] + i;
+  torch::Tensor out;  // [R, H]
+  if (R > 0) {
+    out = routed_experts(received, order, torch::ones({R}, received.options()), per_expert,
+                         expert_list_);
+  } else {
+    out = received;
+    // No rows for any expert here: they still join the graph with zero gradients (as
+    // MiniMind's idle experts do), so every rank's parameters get a gradient.
+    if (is_training() && c10::GradMode::is_enabled())
+      for (const auto& p : experts->parameters()) out = out + 0 * p.sum();
+  }
+  return exchange_rows(*exchange_, out, recv, send, channel);  // [M, H] back to the senders
+}
+
 torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Routing& r,
-                                           MoEStats& out, torch::Tensor& chosen_counts) {
+                                           MoEStats& out, torch::Tensor& chosen_counts,
+                                           int channel) {
   const int64_t N = x_flat.size(0);
   const torch::Tensor& weight = r.weight;  // [N, k]
   const torch::Tensor& index = r.index;    // [N, k]
   // One token outside training (a generated token): its k experts run directly, without
   // the sort and scatter below; added in ascending expert order as index_add does.
-  if (N == 1 && !is_training() && opt_.balancing.dropless()) {
+  if (N == 1 && !is_training() && opt_.balancing.dropless() && !exchange_) {
     const torch::Tensor flat = index.reshape({-1});
     chosen_counts = torch::bincount(flat, {}, num_experts_);  // [E]
     std::vector<std::pair<int64_t, int64_t>> slots;           // (expert, slot)
@@ -125,7 +192,7 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
   const int64_t kept =
       flat_index.size(0) - (out.keep.defined() ? counts[num_experts_].item<int64_t>() : 0);
   if (kept < flat_index.size(0)) order = order.narrow(0, 0, kept);
-  if (kept == 0) {  // every assignment dropped
+  if (kept == 0 && !exchange_) {  // every assignment dropped
     torch::Tensor y = torch::zeros_like(x_flat);
     // As MiniMind: an idle expert joins the graph with a zero gradient, so every parameter
     // gets a gradient on every step (AdamW then decays it, and all ranks agree under DDP).
@@ -138,6 +205,13 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
   const torch::Tensor w_sorted = weight.reshape({-1}).index_select(0, order);  // [kept]
   const std::vector<int64_t> rows(counts.data_ptr<int64_t>(),
                                   counts.data_ptr<int64_t>() + num_experts_);
+  if (exchange_) {
+    // The weighted sum as routed_experts forms it: each product rounded, then added into
+    // zeros in assignment order (ascending expert for each token).
+    const torch::Tensor ys = run_remote(x_flat.index_select(0, token), rows, channel);  // [kept, H]
+    return torch::zeros_like(x_flat).index_add(
+        0, token, ys * w_sorted.to(x_flat.scalar_type()).unsqueeze(1));  // [N, H]
+  }
   torch::Tensor y = routed_experts(x_flat, token, w_sorted.to(x_flat.scalar_type()), rows,
                                    expert_list_);  // [N, H]
   return y;
@@ -158,9 +232,9 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   st.index = index;
 
   // The router's choices per expert over all N tokens, before any dropping.
-  torch::Tensor chosen_counts;                               // [E]
-  torch::Tensor y = dispatch(x_flat, r, st, chosen_counts);  // [N, H]
-  const torch::Tensor chosen = index.reshape({-1});          // [N*k]
+  torch::Tensor chosen_counts;                                                         // [E]
+  torch::Tensor y = dispatch(x_flat, r, st, chosen_counts, shard ? shard->index : 0);  // [N, H]
+  const torch::Tensor chosen = index.reshape({-1});                                    // [N*k]
   for (auto& shared : shared_list_) y = y + shared(x_flat);  // always on, no gate
 
   // Losses: only in training, only the learned router has scores.

@@ -65,8 +65,18 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // The selection bias [E] (float32); undefined unless router_bias_update_rate > 0.
   torch::Tensor bias() const { return bias_; }
 
+  // Expert parallelism: the other ranks holding this layer's experts (set when the shard
+  // is not the whole; nullptr otherwise). Training and evaluation forwards then exchange
+  // rows with them, so every rank of the group must run the same forwards in step.
+  void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  const ExpertShard& shard() const { return opt_.shard; }
+  // Routed expert e (a global id this process holds).
+  FeedForward expert(int64_t e) const;
+
   torch::nn::Linear gate{nullptr};  // router, H -> E, no bias; only for the learned router
-  torch::nn::ModuleList experts{nullptr};
+  // The routed experts this process holds, each under its global id ("experts.5" is expert
+  // 5 whichever rank holds it), so that parameter names are the whole model's.
+  std::shared_ptr<torch::nn::Module> experts;
   torch::nn::ModuleList shared_experts{nullptr};  // only when n_shared_experts > 0
 
  private:
@@ -78,13 +88,19 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // The routed experts' weighted sum [N, H] for x_flat [N, H]; sets out.keep (capacity)
   // and chosen_counts [E], the router's choices per expert before dropping.
   torch::Tensor dispatch(const torch::Tensor& x_flat, const Routing& r, MoEStats& out,
-                         torch::Tensor& chosen_counts);
+                         torch::Tensor& chosen_counts, int channel);
+  // The experts' rows [M, H] (sorted by expert, counts[e] of expert e) sent to the ranks
+  // holding them and their outputs brought back: [M, H] in the same order.
+  torch::Tensor run_remote(const torch::Tensor& rows, const std::vector<int64_t>& counts,
+                           int channel);
 
-  std::vector<FeedForward> expert_list_;  // typed views of `experts` and `shared_experts`
+  std::vector<FeedForward> expert_list_;  // typed views of `experts` (local ids) and
+                                          // `shared_experts`
   std::vector<FeedForward> shared_list_;
   MoEOptions opt_;
   int64_t num_experts_, top_k_;
   torch::Tensor bias_;  // buffer "gate.e_score_correction_bias", as HF DeepSeek-V3 names it
+  ExpertExchange* exchange_ = nullptr;
 };
 TORCH_MODULE(MOEFeedForward);
 

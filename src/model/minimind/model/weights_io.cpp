@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "minimind/util/atomic_file.h"
@@ -26,8 +27,12 @@ NamedTensors state_dict(const MiniMindForCausalLM& model) {
 }
 
 void save_weights(const MiniMindForCausalLM& model, const std::string& path, torch::Dtype dtype) {
+  save_weights(state_dict(model), path, dtype);
+}
+
+void save_weights(const NamedTensors& tensors, const std::string& path, torch::Dtype dtype) {
   c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [name, t] : state_dict(model))
+  for (const auto& [name, t] : tensors)
     dict.insert(name, t.detach().to(dtype).contiguous().clone());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
@@ -105,8 +110,12 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path) {
       problems.push_back(name + " is not a floating-point tensor");
     }
   }
+  std::set<std::string> elsewhere;  // other ranks' experts: in the file, not loaded here
+  for (const ParamSlot& p : full_parameters(model))
+    if (!p.local.defined()) elsewhere.insert(p.name);
   for (const auto& [name, t] : file)
-    if (!expected.count(name)) problems.push_back("unexpected " + name + " " + c10::str(t.sizes()));
+    if (!expected.count(name) && !elsewhere.count(name))
+      problems.push_back("unexpected " + name + " " + c10::str(t.sizes()));
 
   if (!problems.empty()) {
     std::ostringstream msg;

@@ -23,9 +23,14 @@ NamedTensors state_dict(const MiniMindForCausalLM& model);
 // so a crash never leaves a half-written file under `path`.
 void save_weights(const MiniMindForCausalLM& model, const std::string& path,
                   torch::Dtype dtype = torch::kFloat32);
+// The same for tensors gathered elsewhere (a whole model from ranks holding parts of it).
+void save_weights(const NamedTensors& tensors, const std::string& path,
+                  torch::Dtype dtype = torch::kFloat32);
 
 // Loads a MiniMind-format file (fp16, bf16 or fp32) into the model. Names and shapes
-// must match exactly; otherwise throws WeightsError listing the first mismatches.
+// must match exactly; otherwise throws WeightsError listing the first mismatches. A model
+// holding some of the routed experts (expert parallelism) takes its own from the file and
+// leaves the others'.
 void load_weights(MiniMindForCausalLM& model, const std::string& path);
 
 // Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.

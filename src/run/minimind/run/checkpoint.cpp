@@ -146,7 +146,14 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
-                            const std::function<void(const std::string&)>& after_file) {
+                            const std::function<void(const std::string&)>& after_file,
+                            ExpertParallel* ep) {
+  std::optional<WholeModel> whole;
+  if (!model->expert_shard().whole()) {
+    TORCH_CHECK(ep, "save_checkpoint: a model holding some of the experts needs its group");
+    whole = gather_whole_model(model, optimizer, *ep);  // a collective of the first group
+    if (!ep->job().is_main()) return {};
+  }
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / step_name(state.step);
   const fs::path tmp = root / (".tmp-" + step_name(state.step));
@@ -160,9 +167,14 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
   try {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    save_weights(model, (tmp / "model.pth").string(), torch::kFloat32);
+    if (whole) {
+      save_weights(whole->weights, (tmp / "model.pth").string(), torch::kFloat32);
+    } else {
+      save_weights(model, (tmp / "model.pth").string(), torch::kFloat32);
+    }
     if (after_file) after_file("model.pth");
-    const std::vector<char> optimizer_bytes = optimizer_state_bytes(optimizer);
+    const std::vector<char> optimizer_bytes =
+        whole ? optimizer_state_bytes(whole->optimizer) : optimizer_state_bytes(optimizer);
     write("optimizer.pt", std::string_view(optimizer_bytes.data(), optimizer_bytes.size()));
     auto gen = at::detail::getDefaultCPUGenerator();
     torch::Tensor rng;
@@ -187,8 +199,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
     std::error_code ec;
     fs::remove_all(tmp, ec);
     const fs::space_info space = fs::space(run_dir, ec);
-    int64_t params = 0;
-    for (const auto& p : model->parameters()) params += p.numel();
+    const int64_t params = count_parameters(model).total;
     // Weights plus AdamW's two moments, in float32.
     const double need_mb = 3.0 * 4.0 * static_cast<double>(params) / 1e6;
     throw CheckpointError(
@@ -297,7 +308,11 @@ TrainState load_checkpoint(const std::string& dir, MiniMindForCausalLM& model,
                            torch::optim::AdamW& optimizer) {
   TrainState s = read_checkpoint_state(dir);
   load_weights(model, (fs::path(dir) / "model.pth").string());
-  load_optimizer_state(optimizer, (fs::path(dir) / "optimizer.pt").string(), s.format_version);
+  std::vector<int64_t> whole_index;
+  int64_t whole_count = 0;
+  if (!model->expert_shard().whole()) whole_index = whole_parameter_index(model, &whole_count);
+  load_optimizer_state(optimizer, (fs::path(dir) / "optimizer.pt").string(), s.format_version,
+                       whole_index, whole_count);
   restore_rng_state((fs::path(dir) / "rng.pt").string());
   return s;
 }

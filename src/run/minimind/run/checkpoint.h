@@ -14,6 +14,7 @@
 #include "minimind/dist/distributed.h"
 #include "minimind/error.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/run/expert_parallel.h"
 
 namespace minimind {
 
@@ -74,10 +75,14 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
                                 Distributed& dist);
 
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
-// `after_file` (tests) is called after each file is written, to simulate a crash.
+// `after_file` (tests) is called after each file is written, to simulate a crash. A model
+// holding some of the experts (expert parallelism, `ep`): every rank of the first expert
+// group calls it, the experts are gathered on the job's rank 0, which writes the whole
+// model's checkpoint; the others return "".
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
-                            const std::function<void(const std::string&)>& after_file = {});
+                            const std::function<void(const std::string&)>& after_file = {},
+                            ExpertParallel* ep = nullptr);
 
 // Every checkpoint directory under run_dir with all its files, oldest first: (step, path).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
@@ -96,7 +101,7 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
 void restore_rng_state(const std::string& file);
 
 // Restores weights, optimizer and torch's RNG; returns the state. Refuses incomplete or
-// other-version checkpoints with a hint.
+// other-version checkpoints with a hint. A model holding some of the experts takes its own.
 TrainState load_checkpoint(const std::string& checkpoint_dir, MiniMindForCausalLM& model,
                            torch::optim::AdamW& optimizer);
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "minimind/eval/analyze.h"
+#include "minimind/model/weights_io.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/stopwatch.h"
@@ -20,6 +21,20 @@ void AnalysisWriter::on_end(const TrainResult& r) {
   EvalModel m;
   m.config = cfg_;
   m.model = model_;
+  if (!model_->expert_shard().whole()) {
+    // This rank holds some of the experts: the analysis runs on the whole model, read from
+    // the final checkpoint (rank 0 just wrote it).
+    if (checkpoints.empty() || checkpoints.back().first != r.step) {
+      start_.log->info(
+          "routing analysis skipped: no checkpoint of the final step to read the "
+          "whole model from (minimind-eval analyze {} makes it)",
+          run_dir);
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    m.model = MiniMindForCausalLM(cfg_.model);
+    load_weights(m.model, checkpoints.back().second + "/model.pth");
+  }
   m.run_dir = run_dir;
   m.step = r.step;
   m.weights = !checkpoints.empty() && checkpoints.back().first == r.step

@@ -1,5 +1,6 @@
 // Rank 0's checkpoints: every train.checkpoint_interval steps, at the last step and when
-// the run stops early, keeping the newest train.keep_checkpoints.
+// the run stops early, keeping the newest train.keep_checkpoints. With expert parallelism
+// every rank of the first expert group has one: they gather the experts on rank 0.
 #pragma once
 
 #include <torch/torch.h>
@@ -15,13 +16,15 @@ class Checkpointer : public Observer {
  public:
   // state: the loop's TrainState (read at each save; its elapsed time is the run's).
   Checkpointer(MiniMindForCausalLM model, torch::optim::AdamW& optimizer, const TrainState& state,
-               std::string run_dir, const TrainConfig& cfg, Observer& out)
+               std::string run_dir, const TrainConfig& cfg, Observer& out,
+               ExpertParallel* ep = nullptr)
       : model_(std::move(model)),
         optimizer_(optimizer),
         state_(state),
         run_dir_(std::move(run_dir)),
         cfg_(cfg),
-        out_(out) {}
+        out_(out),
+        ep_(ep) {}
   void on_step_end(const StepInfo& s, bool last) override;
 
  private:
@@ -31,6 +34,7 @@ class Checkpointer : public Observer {
   std::string run_dir_;
   const TrainConfig& cfg_;
   Observer& out_;
+  ExpertParallel* ep_;
 };
 
 }  // namespace minimind

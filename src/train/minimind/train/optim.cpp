@@ -177,4 +177,28 @@ double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm)
   return std::sqrt(sq.item<double>());
 }
 
+double clip_gradients(const std::vector<torch::Tensor>& replicated,
+                      const std::vector<torch::Tensor>& sharded, double max_norm,
+                      Distributed& group) {
+  torch::NoGradGuard no_grad;
+  // Squared norms summed in float64: the replicated part here, the sharded part over the
+  // group (each rank holds other experts), so every rank finds the same total.
+  auto squares = [](const std::vector<torch::Tensor>& params) {
+    double sum = 0;
+    for (const auto& p : params)
+      if (p.grad().defined()) sum += std::pow(p.grad().norm(2).item<double>(), 2);
+    return sum;
+  };
+  std::vector<double> sq{squares(sharded)};
+  group.all_reduce_sum(sq);
+  const double total = std::sqrt(squares(replicated) + sq[0]);
+  if (max_norm > 0) {
+    const double coef = std::min(1.0, max_norm / (total + 1e-6));
+    for (const auto* list : {&replicated, &sharded})
+      for (const auto& p : *list)
+        if (p.grad().defined()) p.grad().mul_(static_cast<float>(coef));
+  }
+  return total;
+}
+
 }  // namespace minimind

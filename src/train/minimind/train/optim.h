@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "minimind/config.h"
+#include "minimind/dist/distributed.h"
 
 namespace minimind {
 
@@ -37,6 +38,12 @@ void fill_missing_gradients(const std::vector<torch::Tensor>& params);
 // clipping, torch::nn::utils::clip_grad_norm_'s ops and numbers, its per-tensor norms and
 // products spread over the cores.
 double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm);
+// The same when some parameters are spread over the ranks of `group` (expert parallelism):
+// the norm over `replicated` (alike on every rank) and the `sharded` parameters of all the
+// group's ranks; every rank gets the same norm and scale.
+double clip_gradients(const std::vector<torch::Tensor>& replicated,
+                      const std::vector<torch::Tensor>& sharded, double max_norm,
+                      Distributed& group);
 
 // Drops the gradients (PyTorch's zero_grad(set_to_none=True)): the next backward stores
 // its gradients as they come instead of adding them onto zero-filled buffers, which

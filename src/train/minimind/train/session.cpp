@@ -64,6 +64,36 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
+// Every rank must split the experts alike and train the same number of shards (each shard
+// exchanges over connections of its own): a difference is refused on every rank before
+// anything is trained. Then the expert groups are formed.
+void set_up_expert_parallel(TrainSession& s, const Config& cfg, Distributed& dist) {
+  const int64_t n = cfg.run.expert_parallel;
+  if (dist.world_size() > 1) {
+    torch::Tensor v = torch::tensor({n, -n, int64_t{s.shards}, -int64_t{s.shards}});  // [4]
+    dist.all_reduce_max(v);
+    const int64_t* m = v.data_ptr<int64_t>();
+    if (m[0] != n || -m[1] != n)
+      throw ConfigError(
+          fmt::format(
+              "run.expert_parallel differs between the ranks (from {} to {}; rank {} has {})",
+              -m[1], m[0], dist.rank(), n),
+          "give every rank the same config and --set options");
+    if (n > 1 && (m[2] != s.shards || -m[3] != s.shards))
+      throw ConfigError(
+          fmt::format("with run.expert_parallel the ranks must train the same number of "
+                      "micro-batch shards (from {} to {}; rank {} has {})",
+                      -m[3], m[2], dist.rank(), s.shards),
+          "give every rank the same run.threads (or LOCAL_WORLD_SIZE)");
+  }
+  if (n <= 1) return;
+  if (dist.world_size() % n != 0)
+    throw ConfigError(fmt::format("run.expert_parallel = {} does not divide the job's {} ranks", n,
+                                  dist.world_size()),
+                      "use a divisor of WORLD_SIZE: the ranks form expert groups of that size");
+  s.ep = std::make_unique<ExpertParallel>(dist, static_cast<int>(n), s.shards);
+}
+
 void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFlag* stop) {
   const bool main_rank = dist.is_main();
   const std::string& run_dir = s.run.path;
@@ -83,6 +113,7 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
   s.threads = use_threads(cfg.run.threads, dist.env().local_world_size);
   s.shards = batch_shards(cfg.model, cfg.train.batch_size, s.threads);
+  set_up_expert_parallel(s, cfg, dist);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
   // the cache. The run directory keeps its own copy of the tokenizer.
@@ -128,7 +159,8 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
   // (torch's default generator, whose state the checkpoints carry).
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-  s.model = MiniMindForCausalLM(cfg.model);
+  s.model = MiniMindForCausalLM(cfg.model, s.ep ? s.ep->shard() : ExpertShard{});
+  if (s.ep) s.model->set_expert_exchange(s.ep.get());
   init_weights(s.model);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   s.state.config_yaml = config_yaml;
@@ -149,18 +181,28 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
           rows, rows_per_batch, rows_per_batch - rows % rows_per_batch);
     s.sampler->set_position((rows + rows_per_batch - 1) / rows_per_batch);
   }
-  dist.broadcast_from_main(s.model->parameters());  // every rank starts from rank 0's weights
+  // Every rank starts from rank 0's weights (an expert from the first rank holding it).
+  if (s.ep) {
+    const SplitParameters split = split_parameters(s.model);
+    dist.broadcast_from_main(split.replicated);
+    s.ep->replicas().broadcast_from_main(split.experts);
+  } else {
+    dist.broadcast_from_main(s.model->parameters());
+  }
 
   const ParamCount n = count_parameters(s.model);
   const ModelConfig& m = cfg.model;
   log.info(
       "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
-      "{} threads{}{}, BLAS {:.0f} GFLOP/s",
+      "{} threads{}{}{}, BLAS {:.0f} GFLOP/s",
       m.num_hidden_layers, m.hidden_size,
       m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                 : std::string("dense"),
       n.total / 1e6, n.active / 1e6, s.threads,
       dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
+      s.ep ? fmt::format(", experts spread over {} ranks per group ({} of {} per rank)",
+                         s.ep->size(), m.num_experts / s.ep->size(), m.num_experts)
+           : std::string(),
       s.shards > 1 ? fmt::format(" (each micro-batch in {} shards side by side)", s.shards)
                    : std::string(),
       blas.gflops);

@@ -15,6 +15,7 @@
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/checkpoint.h"
+#include "minimind/run/expert_parallel.h"
 #include "minimind/util/stop_flag.h"
 
 namespace minimind {
@@ -32,6 +33,9 @@ struct TrainSession {
   TokenFile train_tokens;
   std::optional<TokenFile> val_tokens;  // none when there is no validation split
   std::optional<BatchSampler> sampler;  // draws from train_tokens, positioned to continue
+  // Expert parallelism (run.expert_parallel > 1): the expert groups; the model holds this
+  // rank's shard of the experts and exchanges rows over it. Null otherwise.
+  std::unique_ptr<ExpertParallel> ep;
   MiniMindForCausalLM model{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   TrainState state;  // fresh, or restored from run.checkpoint

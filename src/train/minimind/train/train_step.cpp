@@ -264,15 +264,31 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   }
   s.micro_seconds = micro_clock.seconds();
   fill_missing_gradients(params);
+  std::optional<SplitParameters> split;
+  if (o.ep) split = split_parameters(model);
   if (dist && dist->world_size() > 1) {
     const double before = dist->comm_seconds();
-    dist->average_gradients(params);
+    if (split) {
+      // The mean over all ranks of each rank's gradient: an expert's arrived summed over the
+      // tokens of its expert group, so it is summed over its replicas and divided by all.
+      dist->average_gradients(split->replicated);
+      o.ep->replicas().sum_gradients_divided(split->experts, dist->world_size());
+    } else {
+      dist->average_gradients(params);
+    }
     reduce_stats(s, *dist);
     s.comm_seconds = dist->comm_seconds() - before;
   }
+  if (o.ep) {
+    const ExpertParallel::Traffic t = o.ep->take_traffic();
+    s.exchange_sent = t.sent, s.exchange_received = t.received, s.exchange_bytes = t.bytes;
+    s.exchange_seconds = t.seconds;
+  }
   if (probe) probe->split(s, dist);
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
-  s.grad_norm = clip_gradients(params, o.grad_clip);
+  s.grad_norm = split
+                    ? clip_gradients(split->replicated, split->experts, o.grad_clip, o.ep->group())
+                    : clip_gradients(params, o.grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) {
     optimizer.step();

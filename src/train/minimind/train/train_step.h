@@ -11,6 +11,7 @@
 #include "minimind/data/batcher.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/run/expert_parallel.h"
 #include "minimind/train/step_stats.h"
 
 namespace minimind {
@@ -24,6 +25,9 @@ struct StepOptions {
   // and expert counts and tokens summed, so every rank returns the same StepStats and takes
   // the same step.
   Distributed* dist = nullptr;
+  // Expert parallelism (run.expert_parallel > 1): the routed experts' gradients are summed
+  // over the ranks holding the same experts, the grad norm spans the expert group.
+  ExpertParallel* ep = nullptr;
   // Also measure, per MoE layer with a learned router, the norms of the router weight's
   // gradient from the LM loss and from the balancing losses (aux + z) apart
   // (LayerStats::grad_lm / grad_balance); the trainer asks at log steps only.

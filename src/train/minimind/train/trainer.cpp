@@ -89,10 +89,13 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
         UninformativeThresholds{cfg.log.uninformative_mi, cfg.log.collapse_patience,
                                 tc.warmup_steps + cfg.log.interval},
         bus));
-    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus));
+    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->ep.get()));
     // Before the evaluator: its file must exist for the evaluation before the first step.
     if (cfg.log.tensorboard) bus.add(tensorboard.emplace());
   }
+  // The first expert group's other ranks send their experts to rank 0's checkpoints.
+  if (!main_rank && s->ep && s->ep->in_first_group())
+    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->ep.get()));
   if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
   // After the last checkpoint and evaluation, before the caller's observers (the report
   // reads analysis.json).
@@ -128,10 +131,18 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     StepOptions so;
     so.accumulation_steps = tc.accumulation_steps, so.grad_clip = tc.grad_clip, so.lr = lr;
     so.dist = &dist, so.router_grads = log_step && cfg.model.use_moe, so.shards = s->shards;
+    so.ep = s->ep.get();
     const StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
     result.comm_seconds += st.comm_seconds;
     result.router_grad_seconds += st.router_grad_seconds;
+    result.exchange_seconds += st.exchange_seconds;
+    result.exchange_bytes += st.exchange_bytes;
+    for (auto [from, to] : {std::pair{&st.exchange_sent, &result.exchange_sent},
+                            std::pair{&st.exchange_received, &result.exchange_received}}) {
+      to->resize(from->size(), 0);
+      for (size_t q = 0; q < from->size(); ++q) (*to)[q] += (*from)[q];
+    }
     // A non-finite step changed no weight: stop with the last checkpoint intact.
     if (!st.finite) throw non_finite_error(st, state.step + 1, run_dir);
     ++state.step;

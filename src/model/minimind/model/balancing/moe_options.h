@@ -6,6 +6,7 @@
 
 #include "minimind/choices.h"
 #include "minimind/config.h"
+#include "minimind/model/expert_exchange.h"
 
 namespace minimind {
 
@@ -29,11 +30,13 @@ struct MoEOptions {
   RouterKind router = RouterKind::learned;
   ScoringFunc scoring = ScoringFunc::softmax;
   BalancingOptions balancing;
+  ExpertShard shard;  // the routed experts this process holds (expert parallelism)
 
   bool learned_router() const { return router == RouterKind::learned; }
 
-  static MoEOptions from(const ModelConfig& m) {
+  static MoEOptions from(const ModelConfig& m, ExpertShard shard = {}) {
     MoEOptions o;
+    o.shard = shard;
     o.hidden_size = m.hidden_size, o.num_experts = m.num_experts;
     o.top_k = m.num_experts_per_tok, o.expert_ffn_size = m.expert_ffn_size();
     o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
