@@ -23,9 +23,11 @@ LAUNCH="$SRC/scripts/launch-local.sh"
 export MASTER_PORT=$((20000 + ($$ + 7919) % 20000))
 
 head -n 300 "$SRC/data/austen.jsonl" > "$WORK/corpus.jsonl"
+# One fp32 library for every run (run.matmul: auto times both at start-up, and on a machine
+# busy with other tests two runs may choose differently; compared runs must not).
 config() {  # config NAME AUX_COEF [MORE_MODEL_KEYS] (as tests/dist_two_ranks.sh, eps 1e-6 likewise)
   cat > "$WORK/$1.yaml" <<YAML
-run: {name: $1, seed: 5, threads: 1, dist_timeout: 60}
+run: {name: $1, seed: 5, threads: 1, dist_timeout: 60, matmul: onednn}
 model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
         vocab_size: 512, max_position_embeddings: 256, use_moe: true, num_experts: 4,
         norm_topk_prob: false, router_aux_loss_coef: $2 ${3:-}}
@@ -63,6 +65,21 @@ two lab lab-ep2-shards "${EP[@]}" --set run.threads=2
 grep -q "each micro-batch in 2 shards side by side" "$WORK/lab-ep2-shards.log" ||
   { echo "FAIL: the ranks did not train in shards" >&2; exit 1; }
 compare "$WORK/lab-1x8" "$WORK/lab-ep2-shards" 1e-5 "lab 1x8 vs 2x4 experts over 2 ranks, 2 shards per rank"
+# The exchange's imbalance in the logs: per step and layer, the rows each rank sent to each
+# add up to the step's assignments (k = 1; these rows hold no padding), and the report
+# charts the most any rank received.
+"$PY" - "$WORK/lab-ep2-shards" <<'PY'
+import json, sys
+run = sys.argv[1]
+rs = [r for r in map(json.loads, open(run + "/expert_load.jsonl")) if r["split"] == "train"]
+assert len(rs) == 24 and all(len(r["exchange"]) == 4 for r in rs), rs[0]
+assert all(sum(r["exchange"]) == sum(r["counts"]) for r in rs)
+worst = max(max(r["exchange"][0] + r["exchange"][2], r["exchange"][1] + r["exchange"][3]) /
+            (sum(r["exchange"]) / 2) for r in rs)
+print(f"exchange logged for {len(rs)} (step, layer) records; rows sent = assignments; the busiest "
+      f"rank received up to {worst:.3f}x the mean")
+assert "most token rows a rank received" in open(run + "/report.html").read()
+PY
 
 # MiniMind's aux loss is each rank's own (as under data parallelism): equal to data
 # parallelism, and to 1 x 8 as tests/dist_two_ranks.sh checks it.

@@ -135,6 +135,16 @@ TEST(Distributed, WorldOfOneLeavesTensorsAlone) {
   one.average_gradients({p});
   EXPECT_TRUE(torch::equal(p.grad(), torch::full({3}, 2.0)));
   EXPECT_EQ(one.comm_seconds(), 0.0);
+  // Expert parallelism's collectives: a world of one keeps its rows, and checks the blocks.
+  torch::Tensor rows = torch::arange(6, torch::kFloat32).view({3, 2});
+  EXPECT_TRUE(torch::equal(one.all_to_all(rows, {3}, {3}), rows));
+  EXPECT_THROW(one.all_to_all(rows, {2}, {3}), c10::Error);
+  EXPECT_TRUE(torch::equal(one.gather_to_main(rows), rows.unsqueeze(0)));
+  one.sum_gradients_divided({p}, 4.0);  // no other rank: only the division
+  EXPECT_TRUE(torch::equal(p.grad(), torch::full({3}, 0.5)));
+  auto group = one.subgroup("g", {0});
+  EXPECT_EQ(group->world_size(), 1);
+  EXPECT_EQ(group->rank(), 0);
 }
 
 }  // namespace

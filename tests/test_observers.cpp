@@ -186,6 +186,7 @@ TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
     s.z_loss_on = true;
     LayerStats& l = s.layers.at(0);
     l.z = z, l.dropped = dropped, l.seq_max_vio = vio, l.grad_lm = grad, l.grad_balance = grad;
+    l.exchange = std::vector<double>{z, 2 * z, 0, 1};
     return s;
   };
   const StepStats a = with_layer(2.0, 1, 0.5, std::nullopt), b = with_layer(4.0, 3, 0.25, 0.125);
@@ -201,6 +202,7 @@ TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
   EXPECT_EQ(*i.layers[0].dropped, 4);               // sum
   EXPECT_DOUBLE_EQ(*i.layers[0].seq_max_vio, 0.5);  // max
   EXPECT_DOUBLE_EQ(*i.layers[0].grad_lm, 0.125);    // newest set
+  EXPECT_EQ(*i.layers[0].exchange, (std::vector<double>{3.0, 6.0, 0.0, 1.0}));  // per step
   EXPECT_DOUBLE_EQ(*i.record.dropped, 4.0 / 16.0);  // 4 of 2 x 8 assignments
   EXPECT_TRUE(i.record.z_loss.has_value());
 

@@ -108,6 +108,21 @@ std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dr
 
 // Is the router learning? Routing information and token entropy per layer, and the router
 // gradient by source (log10), with the steps of "uninformative" warnings marked.
+// Expert parallelism: the most token rows any rank of the expert group received in a step,
+// over the mean (1 = even); `sent` is LayerStats::exchange, rows from s to d at [s * N + d].
+std::optional<double> exchange_imbalance(const std::optional<std::vector<double>>& sent) {
+  if (!sent || sent->empty()) return std::nullopt;
+  const auto n = static_cast<size_t>(std::lround(std::sqrt(static_cast<double>(sent->size()))));
+  if (n * n != sent->size()) return std::nullopt;
+  std::vector<double> received(n, 0.0);
+  for (size_t s = 0; s < n; ++s)
+    for (size_t d = 0; d < n; ++d) received[d] += (*sent)[s * n + d];
+  double total = 0, most = 0;
+  for (double r : received) total += r, most = std::max(most, r);
+  if (total <= 0) return std::nullopt;
+  return most / (total / static_cast<double>(n));
+}
+
 std::string router_section(const std::vector<Series>& mi, const std::vector<Series>& entropy,
                            const std::vector<Series>& grad_lm, const std::vector<Series>& grad_bal,
                            const std::vector<UninformativeRecord>& warnings, const StepAxis& axis) {
@@ -203,7 +218,8 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       html += heatmap(layer, points, ev, axis);
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
-    std::vector<Series> maxvio, entropy, spread, z, dropped, mi, token_entropy, grad_lm, grad_bal;
+    std::vector<Series> maxvio, entropy, spread, z, dropped, mi, token_entropy, grad_lm, grad_bal,
+        exchange;
     for (const auto& entry : logs.train_load) {
       // Not a structured binding: C++17 lambdas (add, below) cannot capture one (clang).
       const std::vector<LoadRecord>& points = entry.second;
@@ -227,6 +243,7 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       };
       add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.stats.grad_lm); });
       add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.stats.grad_balance); });
+      add(exchange, [](const LoadRecord& r) { return exchange_imbalance(r.stats.exchange); });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
@@ -236,6 +253,10 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       html += line_chart("Worst sequence's MaxVio per layer, per step", spread, all_events, axis);
     if (!z.empty())  // router health: growing logits make routing brittle (ST-MoE)
       html += line_chart("Router z per layer (mean of logsumexp(logits)²)", z, {}, axis);
+    if (!exchange.empty())  // expert parallelism: the all-to-all waits for the busiest rank
+      html += line_chart(
+          "Experts over ranks: most token rows a rank received / the mean, per layer (1 = even)",
+          exchange, {}, axis);
     html += "</div>\n";
     html += router_section(mi, token_entropy, grad_lm, grad_bal, logs.uninformative, axis);
     html += balancing_section(logs, dropped, axis);

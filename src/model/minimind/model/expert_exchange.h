@@ -36,10 +36,6 @@ class ExpertExchange {
   // each talk over connections of their own, so their messages cannot interleave.
   virtual torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
                                    const std::vector<int64_t>& recv, int channel) = 0;
-  // A forward's token rows sent to and received from each rank of the group (for the
-  // logs: the exchange's imbalance). May be called from several shards at once.
-  virtual void count_tokens(const std::vector<int64_t>& sent,
-                            const std::vector<int64_t>& received) = 0;
 };
 
 // all_to_all as an autograd node: the gradient of the rows received goes back to their

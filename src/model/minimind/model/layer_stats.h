@@ -19,7 +19,9 @@ namespace minimind {
 //   sum   added everywhere
 //   max   the largest value
 //   last  the newest value that is set (figures taken after the optimizer step)
-enum class Combine { mean, sum, max, last };
+//   per_step  added over micro-batches and ranks; steps average (a step's total)
+// Vectors combine element by element (sum, per_step) or as the newest (last).
+enum class Combine { mean, sum, max, last, per_step };
 
 // Whether expert_load.jsonl holds the field under its own name; the others are logged in a
 // derived form (aux_unscaled = aux / coef, dropped as a fraction of the assignments).
@@ -34,6 +36,10 @@ struct LayerStats {
   // The router weight's gradient by source, ||dLM/dW_gate|| and ||d(aux+z)/dW_gate|| of the
   // step before clipping (at log steps, when the trainer asks).
   std::optional<double> grad_lm, grad_balance;
+  // Expert parallelism: token rows the layer's forward sent from rank s of the expert group
+  // to rank d, at [s * N + d] (each rank fills its row; the ranks' sum is the matrix), per
+  // step: the all-to-all's imbalance. Received by d: the column's sum.
+  std::optional<std::vector<double>> exchange;
 
   // Calls f(name, combine, logged, s.field...) for each field, walking several records in
   // step (e.g. a sum and the record added to it).
@@ -46,6 +52,7 @@ struct LayerStats {
     f("bias", Combine::last, Logged::as_is, s.bias...);
     f("grad_lm", Combine::last, Logged::as_is, s.grad_lm...);
     f("grad_balance", Combine::last, Logged::as_is, s.grad_balance...);
+    f("exchange", Combine::per_step, Logged::as_is, s.exchange...);
   }
 };
 
@@ -66,11 +73,14 @@ inline void add(LayerStats& into, const LayerStats& from, double divisor) {
           using V = std::decay_t<decltype(v)>;
           if constexpr (std::is_arithmetic_v<V>) {
             if (how == Combine::mean) d += static_cast<V>(v / divisor);
-            if (how == Combine::sum) d += v;
+            if (how == Combine::sum || how == Combine::per_step) d += v;
             if (how == Combine::max) d = std::max(d, v);
             if (how == Combine::last) d = v;
+          } else if (how == Combine::sum || how == Combine::per_step) {
+            if (d.size() < v.size()) d.resize(v.size());
+            for (size_t i = 0; i < v.size(); ++i) d[i] += v[i];
           } else {
-            d = v;  // vectors: the newest
+            d = v;  // the newest
           }
         };
         if constexpr (is_optional<T>::value) {

@@ -104,7 +104,8 @@ torch::Tensor stable_order(const torch::Tensor& values, const torch::Tensor& cou
 }  // namespace
 
 torch::Tensor MOEFeedForwardImpl::run_remote(const torch::Tensor& rows,
-                                             const std::vector<int64_t>& counts, int channel) {
+                                             const std::vector<int64_t>& counts, int channel,
+                                             LayerStats& stats) {
   const int64_t n = opt_.shard.count, E = num_experts_, held = E / n;
   // What each rank of the group sends to each: rows, and per expert how many (the receiver
   // runs each of its experts on one slice).
@@ -121,7 +122,10 @@ torch::Tensor MOEFeedForwardImpl::run_remote(const torch::Tensor& rows,
       recv[static_cast<size_t>(s)] += g[s * held + j];
       per_expert[static_cast<size_t>(j)] += g[s * held + j];
     }
-  exchange_->count_tokens(send, recv);
+  stats.exchange.emplace(static_cast<size_t>(n * n), 0.0);
+  for (int64_t d = 0; d < n; ++d)
+    (*stats.exchange)[static_cast<size_t>(opt_.shard.index * n + d)] =
+        static_cast<double>(send[static_cast<size_t>(d)]);
   const torch::Tensor received = exchange_rows(*exchange_, rows, send, recv, channel);  // [R, H]
   const int64_t R = received.size(0);
   // The received rows come by source, then by expert; each expert's rows, source by source,
@@ -208,7 +212,8 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
   if (exchange_) {
     // The weighted sum as routed_experts forms it: each product rounded, then added into
     // zeros in assignment order (ascending expert for each token).
-    const torch::Tensor ys = run_remote(x_flat.index_select(0, token), rows, channel);  // [kept, H]
+    const torch::Tensor ys =
+        run_remote(x_flat.index_select(0, token), rows, channel, out.stats);  // [kept, H]
     return torch::zeros_like(x_flat).index_add(
         0, token, ys * w_sorted.to(x_flat.scalar_type()).unsqueeze(1));  // [N, H]
   }

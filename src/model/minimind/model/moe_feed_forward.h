@@ -90,9 +90,10 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   torch::Tensor dispatch(const torch::Tensor& x_flat, const Routing& r, MoEStats& out,
                          torch::Tensor& chosen_counts, int channel);
   // The experts' rows [M, H] (sorted by expert, counts[e] of expert e) sent to the ranks
-  // holding them and their outputs brought back: [M, H] in the same order.
+  // holding them and their outputs brought back: [M, H] in the same order. Sets
+  // stats.exchange to this rank's row of the sent-rows matrix.
   torch::Tensor run_remote(const torch::Tensor& rows, const std::vector<int64_t>& counts,
-                           int channel);
+                           int channel, LayerStats& stats);
 
   std::vector<FeedForward> expert_list_;  // typed views of `experts` (local ids) and
                                           // `shared_experts`

@@ -28,8 +28,6 @@ ExpertParallel::ExpertParallel(Distributed& job, int n, int channels) : job_(job
     for (int g = 0; g < world / n; ++g) ranks.push_back(g * n + i);
     if (i == index_) replicas_ = job.subgroup(fmt::format("replicas/{}", i), ranks);
   }
-  traffic_.sent.assign(static_cast<size_t>(n), 0);
-  traffic_.received.assign(static_cast<size_t>(n), 0);
 }
 
 torch::Tensor ExpertParallel::all_to_all(const torch::Tensor& rows,
@@ -47,15 +45,6 @@ torch::Tensor ExpertParallel::all_to_all(const torch::Tensor& rows,
   return out;
 }
 
-void ExpertParallel::count_tokens(const std::vector<int64_t>& sent,
-                                  const std::vector<int64_t>& received) {
-  const std::lock_guard<std::mutex> lock(traffic_mutex_);
-  for (size_t q = 0; q < sent.size(); ++q) {
-    traffic_.sent[q] += sent[q];
-    traffic_.received[q] += received[q];
-  }
-}
-
 ExpertParallel::Traffic ExpertParallel::take_traffic() {
   const std::lock_guard<std::mutex> lock(traffic_mutex_);
   Traffic t = traffic_;
@@ -64,8 +53,6 @@ ExpertParallel::Traffic ExpertParallel::take_traffic() {
   seconds /= static_cast<double>(channels_.size());
   t.seconds = seconds - seconds_taken_;
   seconds_taken_ = seconds;
-  std::fill(traffic_.sent.begin(), traffic_.sent.end(), 0);
-  std::fill(traffic_.received.begin(), traffic_.received.end(), 0);
   traffic_.bytes = 0;
   return t;
 }
@@ -93,35 +80,50 @@ std::optional<WholeModel> gather_whole_model(const MiniMindForCausalLM& model,
                                              torch::optim::AdamW& optimizer, ExpertParallel& ep) {
   if (!ep.in_first_group()) return std::nullopt;
   torch::NoGradGuard no_grad;
+  Distributed& group = ep.group();
+  const bool main = group.is_main();
   const std::vector<ParamSlot> whole = full_parameters(model);
   const std::vector<ParamState> states = optimizer_states(optimizer);
   const std::vector<int64_t> place = whole_parameter_index(model, nullptr);
   std::vector<const ParamState*> state_of(whole.size(), nullptr);  // held parameters' states
   for (size_t j = 0; j < place.size(); ++j) state_of[static_cast<size_t>(place[j])] = &states[j];
-  // Every rank of the group holds the same number of expert parameters of the same shapes,
-  // in the same order (layer by layer, expert by expert): each sends them, with AdamW's two
-  // moments, in one flat buffer, and its steps in another.
-  std::vector<torch::Tensor> flat;
-  std::vector<int64_t> steps;
-  for (size_t i = 0; i < whole.size(); ++i) {
-    if (!whole[i].routed_expert || !whole[i].local.defined()) continue;
-    const ParamState* s = state_of[i];
-    const bool has = s && s->step >= 0;
-    flat.push_back(whole[i].local.detach().reshape({-1}).to(torch::kFloat32));
-    flat.push_back(has ? s->exp_avg.reshape({-1}) : torch::zeros({whole[i].local.numel()}));
-    flat.push_back(has ? s->exp_avg_sq.reshape({-1}) : torch::zeros({whole[i].local.numel()}));
-    steps.push_back(has ? s->step : -1);
-  }
-  Distributed& group = ep.group();
-  const torch::Tensor values = group.gather_to_main(torch::cat(flat));  // [N, 3 * expert numel]
-  const torch::Tensor step_counts = group.gather_to_main(torch::tensor(steps, torch::kLong));
-  if (!group.is_main()) return std::nullopt;
-
+  // Every rank of the group holds as many expert parameters, of the same shapes, in the same
+  // order (layer by layer, expert by expert): the j-th of rank q is the j-th of the experts
+  // of shard q in the whole model's order.
   const int64_t E = model->config().num_experts, held = E / ep.size();
+  std::vector<std::vector<size_t>> slots_of(static_cast<size_t>(ep.size()));  // whole indices
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (!whole[i].routed_expert) continue;
+    const std::string& name = whole[i].name;
+    const size_t at = name.find(".experts.") + 9;
+    slots_of[static_cast<size_t>(std::stoll(name.substr(at, name.find('.', at) - at)) / held)]
+        .push_back(i);
+  }
   WholeModel out;
-  out.optimizer.resize(whole.size());
-  std::vector<int64_t> offset(static_cast<size_t>(ep.size()), 0),
-      next(static_cast<size_t>(ep.size()), 0);
+  if (main) out.optimizer.resize(whole.size());
+  // One tensor at a time (the parameter, then AdamW's two moments), so that no rank holds
+  // more than one tensor of the others' beyond what rank 0 keeps to write.
+  std::vector<int64_t> steps;
+  std::vector<torch::Tensor> kept(3 * whole.size());  // rank 0: others' [param, m, v]
+  const std::vector<size_t>& mine = slots_of[static_cast<size_t>(ep.index())];
+  for (size_t j = 0; j < mine.size(); ++j) {
+    const torch::Tensor& p = whole[mine[j]].local;
+    const ParamState* s = state_of[mine[j]];
+    const bool has = s && s->step >= 0;
+    steps.push_back(has ? s->step : -1);
+    const torch::Tensor parts[3] = {p.detach(), has ? s->exp_avg : torch::zeros_like(p),
+                                    has ? s->exp_avg_sq : torch::zeros_like(p)};
+    for (int k = 0; k < 3; ++k) {
+      const torch::Tensor all = group.gather_to_main(parts[k]);  // [N, shape] on rank 0
+      if (!main) continue;
+      for (int q = 1; q < ep.size(); ++q)
+        kept[3 * slots_of[static_cast<size_t>(q)][j] + static_cast<size_t>(k)] = all[q].clone();
+    }
+  }
+  const torch::Tensor step_counts = group.gather_to_main(torch::tensor(steps, torch::kLong));
+  if (!main) return std::nullopt;
+
+  std::vector<size_t> next(static_cast<size_t>(ep.size()), 0);
   for (size_t i = 0; i < whole.size(); ++i) {
     const ParamSlot& p = whole[i];
     if (p.local.defined()) {
@@ -129,17 +131,13 @@ std::optional<WholeModel> gather_whole_model(const MiniMindForCausalLM& model,
       if (state_of[i]) out.optimizer[i] = *state_of[i];
       continue;
     }
-    // Another rank's expert: which (from the id in its name) and where in that rank's buffer.
+    out.weights.emplace_back(p.name, kept[3 * i]);
     const size_t at = p.name.find(".experts.") + 9;
-    const int64_t e = std::stoll(p.name.substr(at, p.name.find('.', at) - at));
-    const auto q = static_cast<size_t>(e / held);
-    const int64_t numel = c10::multiply_integers(p.shape);
-    const torch::Tensor from = values[static_cast<int64_t>(q)];
-    auto part = [&](int k) { return from.narrow(0, offset[q] + k * numel, numel).view(p.shape); };
-    out.weights.emplace_back(p.name, part(0));
-    const int64_t step = step_counts[static_cast<int64_t>(q)][next[q]++].item<int64_t>();
-    if (step >= 0) out.optimizer[i] = {step, part(1), part(2)};
-    offset[q] += 3 * numel;
+    const auto q =
+        static_cast<int64_t>(std::stoll(p.name.substr(at, p.name.find('.', at) - at)) / held);
+    const int64_t step =
+        step_counts[q][static_cast<int64_t>(next[static_cast<size_t>(q)]++)].item<int64_t>();
+    if (step >= 0) out.optimizer[i] = {step, kept[3 * i + 1], kept[3 * i + 2]};
   }
   // The rest of state_dict: buffers (routers' selection bias) and a tied head's second name.
   const NamedTensors all = state_dict(model);

@@ -33,8 +33,6 @@ class ExpertParallel final : public ExpertExchange {
   int index() const override { return index_; }
   torch::Tensor all_to_all(const torch::Tensor& rows, const std::vector<int64_t>& send,
                            const std::vector<int64_t>& recv, int channel) override;
-  void count_tokens(const std::vector<int64_t>& sent,
-                    const std::vector<int64_t>& received) override;
 
   ExpertShard shard() const { return {index_, n_}; }
   bool in_first_group() const { return group_id_ == 0; }
@@ -42,12 +40,11 @@ class ExpertParallel final : public ExpertExchange {
   Distributed& replicas() { return *replicas_; }     // the ranks holding the same shard
   Distributed& job() { return job_; }
 
-  // Rows this rank sent to / received from each rank of its group (token rows of the
-  // forward exchanges, summed over layers) since the last call, which resets them.
+  // What this rank's exchanges moved since the last call, which resets it. (The token rows
+  // each rank sends to each, per layer, are in LayerStats::exchange.)
   struct Traffic {
-    std::vector<int64_t> sent, received;  // [N]
-    int64_t bytes = 0;                    // every exchange, forward and backward, both ways
-    double seconds = 0;                   // in the exchanges (shards side by side: their mean)
+    int64_t bytes = 0;   // to and from other ranks, every exchange, forward and backward
+    double seconds = 0;  // in the exchanges (shards side by side: their mean)
   };
   Traffic take_traffic();
 
@@ -69,7 +66,8 @@ SplitParameters split_parameters(const MiniMindForCausalLM& model);
 
 // The whole model a checkpoint holds, from ranks holding parts of it: on the job's rank 0
 // the weights (state_dict order) and AdamW's states (whole-model order); nothing elsewhere.
-// Every rank of the first expert group takes part (a gather); the others return at once.
+// Every rank of the first expert group takes part (a gather per expert tensor); the others
+// return at once.
 struct WholeModel {
   NamedTensors weights;
   std::vector<ParamState> optimizer;

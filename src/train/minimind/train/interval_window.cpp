@@ -6,17 +6,21 @@
 namespace minimind {
 namespace {
 
-// The interval's figures from its sums: mean fields divided by the steps, the others as
-// summed (sum), the largest (max) or the newest (last).
+// The interval's figures from its sums: mean and per_step fields divided by the steps, the
+// others as summed (sum), the largest (max) or the newest (last).
 std::vector<LayerStats> interval_means(std::vector<LayerStats> sums, double steps) {
   for (LayerStats& l : sums)
     LayerStats::fields(
         [steps](const char*, Combine how, Logged, auto& v) {
           using T = std::decay_t<decltype(v)>;
-          if (how != Combine::mean) return;
+          if (how != Combine::mean && how != Combine::per_step) return;
           if constexpr (layer_stats::is_optional<T>::value) {
-            if constexpr (std::is_arithmetic_v<typename T::value_type>)
+            if constexpr (std::is_arithmetic_v<typename T::value_type>) {
               if (v) *v /= steps;
+            } else {
+              if (v)
+                for (auto& x : *v) x /= steps;
+            }
           } else if constexpr (std::is_arithmetic_v<T>) {
             v /= steps;
           }

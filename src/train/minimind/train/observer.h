@@ -77,11 +77,10 @@ struct TrainResult {
   double seconds = 0;                            // wall time of this call's training loop
   double comm_seconds = 0;         // in gradient/statistics all-reduces (several ranks)
   double router_grad_seconds = 0;  // measuring the router gradient by source (log steps)
-  // Expert parallelism, this rank's: time in the experts' all-to-all exchanges, bytes moved
-  // to and from other ranks, token rows sent to / received from each rank of its group.
+  // Expert parallelism, this rank's: time in the experts' all-to-all exchanges and the
+  // bytes they moved to and from other ranks.
   double exchange_seconds = 0;
   int64_t exchange_bytes = 0;
-  std::vector<int64_t> exchange_sent, exchange_received;
 };
 
 class Observer {

@@ -140,8 +140,17 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
-  const ProductChoice products =
-      configure_products(cfg.run.precision, matmul, cfg.run.bf16_emulation);
+  ProductChoice products = configure_products(cfg.run.precision, matmul, cfg.run.bf16_emulation);
+  if (dist.world_size() > 1) {
+    // Every rank takes rank 0's fp32 library: each rank's timing probe (run.matmul: auto) may
+    // decide otherwise on a busy machine, and ranks on two libraries would round their
+    // products differently (a job's numbers would then depend on the load).
+    torch::Tensor choice = torch::tensor({static_cast<int64_t>(products.settings.fp32)});  // [1]
+    dist.broadcast_from_main({choice});
+    const auto main_choice = static_cast<MatmulBackend>(choice.item<int64_t>());
+    if (main_choice != products.settings.fp32)
+      products = configure_products(cfg.run.precision, main_choice, cfg.run.bf16_emulation);
+  }
   if (main_rank) log.info("{}", products.describe());
   const BlasReport blas = check_blas();
   if (!blas.ok)

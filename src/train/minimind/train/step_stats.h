@@ -24,10 +24,8 @@ struct StepStats {
   double comm_seconds = 0;         // in all-reduces (multi-process runs)
   double micro_seconds = 0;        // forwards and backwards of the micro-batches
   double forward_seconds = 0;      // of which forwards (shards: the first shard's)
-  // Expert parallelism: this rank's token rows sent to / received from each rank of its
-  // expert group (forward, summed over MoE layers and micro-batches), and the bytes every
-  // exchange of the step moved to or from other ranks.
-  std::vector<int64_t> exchange_sent, exchange_received;
+  // Expert parallelism, this rank's: the bytes every exchange of the step moved to or from
+  // other ranks, and the time in them.
   int64_t exchange_bytes = 0;
   double exchange_seconds = 0;
 };

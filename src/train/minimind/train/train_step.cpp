@@ -42,8 +42,12 @@ void reduce_stats(StepStats& s, Distributed& dist) {
                 move(x, totals, at_total);
               } else if constexpr (std::is_floating_point_v<V>) {
                 if (how == Combine::mean) move(x, means, at_mean);
-                if (how == Combine::sum) move(x, sums, at_sum);
+                if (how == Combine::sum || how == Combine::per_step) move(x, sums, at_sum);
                 if (how == Combine::max) move(x, maxima, at_max);
+              } else {  // a vector of doubles: each element adds up over the ranks
+                TORCH_CHECK(how == Combine::sum || how == Combine::per_step, "LayerStats::", name,
+                            ": vectors only add up over ranks");
+                for (auto& e : x) move(e, sums, at_sum);
               }
             };
             if constexpr (layer_stats::is_optional<T>::value) {
@@ -281,7 +285,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   }
   if (o.ep) {
     const ExpertParallel::Traffic t = o.ep->take_traffic();
-    s.exchange_sent = t.sent, s.exchange_received = t.received, s.exchange_bytes = t.bytes;
+    s.exchange_bytes = t.bytes;
     s.exchange_seconds = t.seconds;
   }
   if (probe) probe->split(s, dist);

@@ -138,11 +138,6 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     result.router_grad_seconds += st.router_grad_seconds;
     result.exchange_seconds += st.exchange_seconds;
     result.exchange_bytes += st.exchange_bytes;
-    for (auto [from, to] : {std::pair{&st.exchange_sent, &result.exchange_sent},
-                            std::pair{&st.exchange_received, &result.exchange_received}}) {
-      to->resize(from->size(), 0);
-      for (size_t q = 0; q < from->size(); ++q) (*to)[q] += (*from)[q];
-    }
     // A non-finite step changed no weight: stop with the last checkpoint intact.
     if (!st.finite) throw non_finite_error(st, state.step + 1, run_dir);
     ++state.step;
