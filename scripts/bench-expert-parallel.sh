@@ -37,9 +37,10 @@ run() {
 BIG=(--set model.num_experts=8 --set model.num_experts_per_tok=2 --set train.batch_size=2
      --set data.max_seq_len=128 --set train.accumulation_steps=1 --set train.max_steps="$STEPS"
      --set train.eval_interval=100000 --set train.warmup_steps=1 --set data.train="$PWD/data/austen.jsonl"
-     --set run.threads=1)
+     --set data.val_fraction=0 --set run.threads=1)
 run big-replicated configs/minimind-3-moe.yaml 1 "${BIG[@]}"
 run big-spread configs/minimind-3-moe.yaml 2 "${BIG[@]}"
-SMALL=(--set train.max_steps="$SPEED_STEPS" --set train.eval_interval=100000 --set run.threads=1)
+SMALL=(--set train.max_steps="$SPEED_STEPS" --set train.eval_interval=100000 --set data.val_fraction=0
+       --set run.threads=1)
 run small-replicated configs/moe.yaml 1 "${SMALL[@]}"
 run small-spread configs/moe.yaml 2 "${SMALL[@]}"
