@@ -2,10 +2,10 @@
 # Expert parallelism (run.expert_parallel = 2) on two ranks with the real binary:
 #  1. 2 ranks x batch 4 with the experts spread over them train as 1 rank x batch 8 (the
 #     data-parallel test's tolerance, 1e-5): top-1, top-2, the balancing lab's global aux
-#     scope with sigmoid scoring, z-loss and the bias update, also in micro-batch shards
-#     (2 threads per rank);
-#  2. MiniMind's aux loss (per rank, as under data parallelism): equal to data parallelism on
-#     2 ranks (1e-5), and to 1 x 8 as the data-parallel test checks it;
+#     scope with sigmoid scoring, z-loss and the bias update (also in micro-batch shards, 2
+#     threads per rank) and its sequence scope;
+#  2. MiniMind's aux loss (per rank, as under data parallelism), top-1 and top-2: equal to
+#     data parallelism on 2 ranks (1e-5), and to 1 x 8 as the data-parallel test checks it;
 #  3. capacity is per sending rank, as under data parallelism: equal to it (1e-5);
 #  4. one checkpoint format: an expert-parallel checkpoint resumed without expert parallelism
 #     and the reverse give the losses of uninterrupted runs (1e-5), and minimind-eval reads it;
@@ -42,6 +42,8 @@ config top2 0.0 ", num_experts_per_tok: 2"
 config lab 1.0e-2 ", aux_loss_scope: global, scoring_func: sigmoid,
         router_bias_update_rate: 1.0e-2, router_z_loss_coef: 1.0e-3"
 config aux 5.0e-4
+config aux2 5.0e-4 ", num_experts_per_tok: 2"
+config seq 1.0e-2 ", aux_loss_scope: sequence, num_experts_per_tok: 2"
 config capacity 0.0 ", num_experts_per_tok: 2, capacity_factor: 1.0"
 
 compare() { "$PY" "$SRC/tests/compare_runs.py" "$@"; }
@@ -54,7 +56,7 @@ EP=(--set run.expert_parallel=2)
 
 "$BIN" --config "$WORK/top1.yaml" --prepare-only > /dev/null 2>&1  # one cache for all runs
 
-for name in top1 top2 lab; do
+for name in top1 top2 lab seq; do
   one "$name" "$name-1x8"
   two "$name" "$name-ep2" "${EP[@]}"
   grep -q "experts spread over 2 ranks per group (2 of 4 per rank)" "$WORK/$name-ep2.log" ||
@@ -83,11 +85,13 @@ PY
 
 # MiniMind's aux loss is each rank's own (as under data parallelism): equal to data
 # parallelism, and to 1 x 8 as tests/dist_two_ranks.sh checks it.
-two aux aux-dp
-two aux aux-ep2 "${EP[@]}"
-compare "$WORK/aux-dp" "$WORK/aux-ep2" 1e-5 "aux: data parallel vs experts over 2 ranks"
-one aux aux-1x8
-"$PY" "$SRC/tests/compare_split_aux.py" "$WORK/aux-1x8" "$WORK/aux-ep2" "aux 1x8 vs experts over 2 ranks"
+for name in aux aux2; do
+  two "$name" "$name-dp"
+  two "$name" "$name-ep2" "${EP[@]}"
+  compare "$WORK/$name-dp" "$WORK/$name-ep2" 1e-5 "$name: data parallel vs experts over 2 ranks"
+  one "$name" "$name-1x8"
+  "$PY" "$SRC/tests/compare_split_aux.py" "$WORK/$name-1x8" "$WORK/$name-ep2" "$name 1x8 vs experts over 2 ranks"
+done
 
 # Capacity: each rank keeps at most ceil(cf * k * its tokens / E) assignments per expert
 # before sending (per sending rank, as data parallelism computes it per rank).
@@ -145,7 +149,8 @@ for r in 0 1; do
   grep -q "run.expert_parallel differs between the ranks (from 1 to 2" "$WORK/mismatch$r.log" ||
     { echo "FAIL: rank $r did not refuse the mismatch" >&2; cat "$WORK/mismatch$r.log"; exit 1; }
 done
-[ ! -d "$WORK/mismatch/checkpoints" ] || { echo "FAIL: trained despite the mismatch" >&2; exit 1; }
+# Refused before the run directory is touched.
+[ ! -e "$WORK/mismatch" ] || { echo "FAIL: the run directory was made despite the mismatch" >&2; exit 1; }
 echo "run.expert_parallel 2 on rank 0 and 1 on rank 1: both refused: $(grep -o 'run.expert_parallel differs.*' "$WORK/mismatch0.log" | head -c 120)"
 if bash "$LAUNCH" 2 "$BIN" --config "$WORK/top1.yaml" --out "$WORK/four" --set train.batch_size=4 \
     --set run.expert_parallel=4 > "$WORK/four.log" 2>&1; then
@@ -153,6 +158,7 @@ if bash "$LAUNCH" 2 "$BIN" --config "$WORK/top1.yaml" --out "$WORK/four" --set t
 fi
 grep -q "run.expert_parallel = 4 does not divide the job's 2 ranks" "$WORK/four.log" ||
   { echo "FAIL: no clear refusal" >&2; cat "$WORK/four.log"; exit 1; }
+[ ! -e "$WORK/four" ] || { echo "FAIL: the run directory was made" >&2; exit 1; }
 echo "run.expert_parallel 4 on 2 ranks: refused"
 
 # A rank killed while the experts are exchanged: the other stops within seconds, naming it.

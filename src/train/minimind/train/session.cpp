@@ -111,9 +111,6 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
       log.info("run.matmul auto: fp32 products on {}, as before the checkpoint", saved.matmul);
   }
   if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
-  s.threads = use_threads(cfg.run.threads, dist.env().local_world_size);
-  s.shards = batch_shards(cfg.model, cfg.train.batch_size, s.threads);
-  set_up_expert_parallel(s, cfg, dist);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
   // the cache. The run directory keeps its own copy of the tokenizer.
@@ -226,6 +223,9 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   // Before --overwrite empties the run directory: what can be known wrong now.
   check_data_paths(cfg);
   check_model_fits_memory(cfg.model, /*training=*/true);
+  s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
+  s->shards = batch_shards(cfg.model, cfg.train.batch_size, s->threads);
+  set_up_expert_parallel(*s, cfg, dist);  // refusals here leave the run directory alone
   s->run = open_run_directory(run_dir, resume, overwrite, dist);
   make_run_loggers(*s, run_dir, resume, dist.rank());
   try {
