@@ -389,7 +389,11 @@ TEST(ExpertShard, HoldsItsExpertsUnderGlobalNamesWithTheWholeModelsWeights) {
     EXPECT_EQ(slots[i].name, names[i].key());
     EXPECT_EQ(slots[i].shape, names[i].value().sizes().vec());
     const bool expert = slots[i].name.find(".mlp.experts.") != std::string::npos;
-    EXPECT_EQ(slots[i].routed_expert, expert) << slots[i].name;
+    EXPECT_EQ(slots[i].expert >= 0, expert) << slots[i].name;
+    if (expert) {
+      EXPECT_NE(slots[i].name.find(".experts." + std::to_string(slots[i].expert) + "."),
+                std::string::npos);
+    }
     // Shard 1 of 2 of 4 experts: experts 2 and 3.
     const bool mine = !expert || slots[i].name.find(".experts.2.") != std::string::npos ||
                       slots[i].name.find(".experts.3.") != std::string::npos;

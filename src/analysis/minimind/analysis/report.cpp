@@ -106,8 +106,6 @@ std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dr
   return "<h2>Balancing methods</h2><div class=\"grid\">" + charts + "</div>\n";
 }
 
-// Is the router learning? Routing information and token entropy per layer, and the router
-// gradient by source (log10), with the steps of "uninformative" warnings marked.
 // Expert parallelism: the most token rows any rank of the expert group received in a step,
 // over the mean (1 = even); `sent` is LayerStats::exchange, rows from s to d at [s * N + d].
 std::optional<double> exchange_imbalance(const std::optional<std::vector<double>>& sent) {
@@ -123,6 +121,8 @@ std::optional<double> exchange_imbalance(const std::optional<std::vector<double>
   return most / (total / static_cast<double>(n));
 }
 
+// Is the router learning? Routing information and token entropy per layer, and the router
+// gradient by source (log10), with the steps of "uninformative" warnings marked.
 std::string router_section(const std::vector<Series>& mi, const std::vector<Series>& entropy,
                            const std::vector<Series>& grad_lm, const std::vector<Series>& grad_bal,
                            const std::vector<UninformativeRecord>& warnings, const StepAxis& axis) {

@@ -54,6 +54,15 @@ std::shared_ptr<gloo::transport::Device> gloo_device(const DistEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Gloo's options for a process group of this job: this rank's device, two threads.
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(
+    const DistEnv& env, std::chrono::milliseconds timeout) {
+  auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+  o->devices.push_back(gloo_device(env));
+  o->threads = 2;
+  return o;
+}
+
 }  // namespace
 
 struct Distributed::Group {
@@ -104,11 +113,8 @@ Distributed::Distributed(const DistEnv& env, std::chrono::milliseconds timeout)
       return;
     }
 #endif
-    auto o = c10d::ProcessGroupGloo::Options::create(timeout);
-    o->devices.push_back(gloo_device(env));
-    o->threads = 2;
-    group_->pg =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env.rank, env.world_size, o);
+    group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        group_->store, env.rank, env.world_size, gloo_options(env, timeout));
   } catch (const std::exception& e) {
     throw DistError(fmt::format(
         "rank {} of {} could not join the job at {}:{} within {} s (is every rank started, and "
@@ -297,11 +303,8 @@ std::unique_ptr<Distributed> Distributed::subgroup(const std::string& name,
   sub->group_ = std::make_unique<Group>();
   try {
     sub->group_->store = c10::make_intrusive<c10d::PrefixStore>(name, group_->store);
-    auto o = c10d::ProcessGroupGloo::Options::create(timeout_);
-    o->devices.push_back(gloo_device(env_));
-    o->threads = 2;
     sub->group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        sub->group_->store, sub->env_.rank, sub->env_.world_size, o);
+        sub->group_->store, sub->env_.rank, sub->env_.world_size, gloo_options(env_, timeout_));
   } catch (const std::exception& e) {
     throw DistError(fmt::format("{}: could not form the group '{}' of ranks {} within {} s: {}",
                                 who(), name, fmt::join(ranks, ", "), timeout_.count() / 1000.0,

@@ -152,7 +152,7 @@ std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model) {
       for (const auto& [suffix, shape] : rest) {
         const std::string name = prefix + mark + std::to_string(e) + "." + suffix;
         const auto it = held.find(name);
-        out.push_back({name, shape, it == held.end() ? torch::Tensor() : it->second, true});
+        out.push_back({name, shape, it == held.end() ? torch::Tensor() : it->second, e});
       }
     prefix.clear(), rest.clear(), held.clear();
   };
@@ -162,7 +162,7 @@ std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model) {
     const size_t at = name.find(mark);
     if (at == std::string::npos || name.find("shared_experts") != std::string::npos) {
       flush();
-      out.push_back({name, item.value().sizes().vec(), item.value(), false});
+      out.push_back({name, item.value().sizes().vec(), item.value(), -1});
       continue;
     }
     const std::string p = name.substr(0, at);

@@ -126,7 +126,7 @@ struct ParamSlot {
   std::string name;
   std::vector<int64_t> shape;
   torch::Tensor local;
-  bool routed_expert = false;  // a routed expert's (held here or not)
+  int64_t expert = -1;  // a routed expert's (held here or not): its id; -1 otherwise
 };
 std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model);
 

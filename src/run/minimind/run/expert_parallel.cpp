@@ -2,32 +2,22 @@
 
 #include <fmt/format.h>
 
-#include "minimind/error.h"
-
 namespace minimind {
 
 ExpertParallel::ExpertParallel(Distributed& job, int n, int channels) : job_(job), n_(n) {
   const int world = job.world_size();
-  if (n < 1 || world % n != 0)
-    throw DistError(
-        fmt::format("run.expert_parallel = {} does not divide the job's {} ranks", n, world),
-        "use a divisor of WORLD_SIZE (the ranks then form expert groups of that size)");
+  // The session refuses an N that does not divide the ranks, naming the key.
+  TORCH_CHECK(n >= 1 && world % n == 0, "expert groups of ", n, " in ", world, " ranks");
   index_ = job.rank() % n;
   group_id_ = job.rank() / n;
-  // Every rank forms the groups in one order (those it belongs to): the expert groups, one
-  // per channel, then the replica groups.
-  for (int g = 0; g < world / n; ++g) {
-    std::vector<int> ranks;
-    for (int i = 0; i < n; ++i) ranks.push_back(g * n + i);
-    if (g != group_id_) continue;
-    for (int c = 0; c < channels; ++c)
-      channels_.push_back(job.subgroup(fmt::format("experts/{}/{}", g, c), ranks));
-  }
-  for (int i = 0; i < n; ++i) {
-    std::vector<int> ranks;
-    for (int g = 0; g < world / n; ++g) ranks.push_back(g * n + i);
-    if (i == index_) replicas_ = job.subgroup(fmt::format("replicas/{}", i), ranks);
-  }
+  // Every rank forms its groups in one order: its expert group, once per channel, then its
+  // replica group (a rank waits in each for the group's others).
+  std::vector<int> group, replicas;
+  for (int i = 0; i < n; ++i) group.push_back(group_id_ * n + i);
+  for (int g = 0; g < world / n; ++g) replicas.push_back(g * n + index_);
+  for (int c = 0; c < channels; ++c)
+    channels_.push_back(job.subgroup(fmt::format("experts/{}/{}", group_id_, c), group));
+  replicas_ = job.subgroup(fmt::format("replicas/{}", index_), replicas);
 }
 
 torch::Tensor ExpertParallel::all_to_all(const torch::Tensor& rows,
@@ -61,7 +51,7 @@ SplitParameters split_parameters(const MiniMindForCausalLM& model) {
   SplitParameters s;
   for (const ParamSlot& p : full_parameters(model)) {
     if (!p.local.defined()) continue;
-    (p.routed_expert ? s.experts : s.replicated).push_back(p.local);
+    (p.expert >= 0 ? s.experts : s.replicated).push_back(p.local);
   }
   return s;
 }
@@ -93,11 +83,7 @@ std::optional<WholeModel> gather_whole_model(const MiniMindForCausalLM& model,
   const int64_t E = model->config().num_experts, held = E / ep.size();
   std::vector<std::vector<size_t>> slots_of(static_cast<size_t>(ep.size()));  // whole indices
   for (size_t i = 0; i < whole.size(); ++i) {
-    if (!whole[i].routed_expert) continue;
-    const std::string& name = whole[i].name;
-    const size_t at = name.find(".experts.") + 9;
-    slots_of[static_cast<size_t>(std::stoll(name.substr(at, name.find('.', at) - at)) / held)]
-        .push_back(i);
+    if (whole[i].expert >= 0) slots_of[static_cast<size_t>(whole[i].expert / held)].push_back(i);
   }
   WholeModel out;
   if (main) out.optimizer.resize(whole.size());
@@ -123,21 +109,16 @@ std::optional<WholeModel> gather_whole_model(const MiniMindForCausalLM& model,
   const torch::Tensor step_counts = group.gather_to_main(torch::tensor(steps, torch::kLong));
   if (!main) return std::nullopt;
 
-  std::vector<size_t> next(static_cast<size_t>(ep.size()), 0);
+  for (int q = 1; q < ep.size(); ++q)
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const size_t i = slots_of[static_cast<size_t>(q)][j];
+      const int64_t step = step_counts[q][static_cast<int64_t>(j)].item<int64_t>();
+      if (step >= 0) out.optimizer[i] = {step, kept[3 * i + 1], kept[3 * i + 2]};
+    }
   for (size_t i = 0; i < whole.size(); ++i) {
     const ParamSlot& p = whole[i];
-    if (p.local.defined()) {
-      out.weights.emplace_back(p.name, p.local);
-      if (state_of[i]) out.optimizer[i] = *state_of[i];
-      continue;
-    }
-    out.weights.emplace_back(p.name, kept[3 * i]);
-    const size_t at = p.name.find(".experts.") + 9;
-    const auto q =
-        static_cast<int64_t>(std::stoll(p.name.substr(at, p.name.find('.', at) - at)) / held);
-    const int64_t step =
-        step_counts[q][static_cast<int64_t>(next[static_cast<size_t>(q)]++)].item<int64_t>();
-    if (step >= 0) out.optimizer[i] = {step, kept[3 * i + 1], kept[3 * i + 2]};
+    if (p.local.defined() && state_of[i]) out.optimizer[i] = *state_of[i];
+    out.weights.emplace_back(p.name, p.local.defined() ? p.local : kept[3 * i]);
   }
   // The rest of state_dict: buffers (routers' selection bias) and a tied head's second name.
   const NamedTensors all = state_dict(model);

@@ -26,7 +26,7 @@ class ExpertParallel final : public ExpertExchange {
  public:
   // Forms the groups (every rank of the job calls this, in step). `channels`: the
   // micro-batch shards each rank trains side by side (each gets connections of its own).
-  // DistError when N does not divide the job's ranks.
+  // N must divide the job's ranks (the session checks it first).
   ExpertParallel(Distributed& job, int n, int channels);
 
   int size() const override { return n_; }
