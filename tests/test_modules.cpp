@@ -16,6 +16,7 @@
 #include "minimind/model/rope.h"
 #include "minimind/model/routed_experts.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/matmul.h"
 
 using namespace minimind;
 
@@ -379,4 +380,83 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
     }
   }
   set_blas_threads(before);
+}
+
+// The bf16 node (run.precision: bf16) against the plain form written in fp32 with every
+// product's inputs rounded to bf16 (autograd through the casts rounds the gradients reaching
+// them too): outputs within 2e-3 and gradients within 3e-2 of the plain form, relative to
+// its norm (a few bf16 roundings of 2^-8 each; a wrong layout or a missing product is off
+// by far more). A row with routing weight 0 takes the direct sum gy . ys for its weight's
+// gradient, which sees no rounding the plain form lacks: within 1e-4 relative. Serial (one
+// OpenBLAS thread) and side by side (two), on the bf16 GEMM and on its fallback.
+TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
+  const int before = blas_threads();
+  const ProductSettings settings = product_settings();
+  set_product_settings({Precision::bf16, MatmulBackend::onednn});
+  for (const int run : {0, 1, 2}) {
+    const int threads = run == 0 ? 1 : 2;
+    force_bf16_gemm_fallback(run == 2);
+    SCOPED_TRACE("OpenBLAS threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
+    set_blas_threads(threads);
+    torch::manual_seed(21);
+    const int64_t N = 12, H = 32, I = 40;
+    const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
+    const torch::Tensor token =
+        torch::tensor({0, 2, 3, 5, 8, 0, 1, 2, 4, 5, 6, 7, 9, 10, 3, 6, 8}, torch::kLong);
+    std::vector<FeedForward> experts;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      experts.emplace_back(H, I);
+      for (auto& p : experts.back()->parameters()) p.data().normal_(0.0, 0.3);
+    }
+    auto rounded = [](const torch::Tensor& t) {
+      return t.to(torch::kBFloat16).to(torch::kFloat32);
+    };
+    const torch::Tensor x0 = torch::randn({N, H}), g = torch::randn({N, H});
+    torch::Tensor w0 = torch::rand({token.size(0)}) + 0.1;
+    w0[6] = 0;  // the direct path for this row's weight gradient
+    torch::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+    torch::Tensor wa = w0.clone().requires_grad_(), wb = w0.clone().requires_grad_();
+    // The plain form, on copies of the weights.
+    std::vector<std::vector<torch::Tensor>> plain(counts.size());
+    const torch::Tensor xs = rounded(xa).index_select(0, token);
+    std::vector<torch::Tensor> parts;
+    for (size_t e = 0, off = 0; e < counts.size(); off += counts[e], ++e) {
+      for (const auto& p : experts[e]->parameters())
+        plain[e].push_back(p.detach().clone().requires_grad_());
+      if (counts[e] == 0) continue;
+      const torch::Tensor xe = xs.narrow(0, off, counts[e]);
+      const torch::Tensor gate = torch::matmul(xe, rounded(plain[e][0]).t());
+      const torch::Tensor up = torch::matmul(xe, rounded(plain[e][2]).t());
+      const torch::Tensor a = rounded(torch::silu(gate) * up);
+      parts.push_back(torch::matmul(a, rounded(plain[e][1]).t()));
+    }
+    const torch::Tensor want =
+        torch::zeros({N, H}).index_add(0, token, torch::cat(parts) * wa.unsqueeze(1));
+    const torch::Tensor got = routed_experts(xb, token, wb, counts, experts);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return (a - b).norm().item<double>() / b.norm().item<double>();
+    };
+    EXPECT_LE(rel(got, want), 2e-3);
+    EXPECT_TRUE(got[11].eq(0).all().item<bool>());  // a token without rows
+    want.backward(g);
+    got.backward(g);
+    EXPECT_LE(rel(xb.grad(), xa.grad()), 3e-2);
+    EXPECT_LE(rel(wb.grad(), wa.grad()), 3e-2);
+    EXPECT_NEAR(wb.grad()[6].item<double>(), wa.grad()[6].item<double>(),
+                1e-4 * std::abs(wa.grad()[6].item<double>()));
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const auto params = experts[e]->parameters();  // gate, down, up (registration order)
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (counts[e] == 0) {
+          EXPECT_TRUE(params[i].grad().eq(0).all().item<bool>()) << "idle expert " << e;
+          continue;
+        }
+        EXPECT_LE(rel(params[i].grad(), plain[e][i].grad()), 3e-2)
+            << "expert " << e << " weight " << i;
+      }
+    }
+  }
+  force_bf16_gemm_fallback(false);
+  set_blas_threads(before);
+  set_product_settings(settings);
 }

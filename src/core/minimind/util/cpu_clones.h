@@ -4,6 +4,9 @@
 // product and a sum into a fused multiply-add there: the files wrap the loops in
 //   MINIMIND_NO_FMA_BEGIN ... MINIMIND_NO_FMA_END.
 // Clang (the fuzz and sanitizer builds) gets the baseline only, which has no FMA.
+// A loop with a floating-point comparison (a clamp) vectorises only if GCC may assume that no
+// floating-point operation traps: MINIMIND_NO_TRAPS_BEGIN ... END around it (the same
+// values; only the order of floating-point exception flags, which nothing here reads).
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -11,8 +14,13 @@
 #define MINIMIND_NO_FMA_BEGIN \
   _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
 #define MINIMIND_NO_FMA_END _Pragma("GCC pop_options")
+#define MINIMIND_NO_TRAPS_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC optimize(\"no-trapping-math\")")
+#define MINIMIND_NO_TRAPS_END _Pragma("GCC pop_options")
 #else
 #define MINIMIND_CPU_CLONES
 #define MINIMIND_NO_FMA_BEGIN
 #define MINIMIND_NO_FMA_END
+#define MINIMIND_NO_TRAPS_BEGIN
+#define MINIMIND_NO_TRAPS_END
 #endif

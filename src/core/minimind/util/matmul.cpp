@@ -117,17 +117,20 @@ extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_di
 void gemm_bf16(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& c, int64_t ldc) {
   Layout la{}, lb{};
   const torch::Tensor ao = gemm_operand(a, la), bo = gemm_operand(b, lb);
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  const auto* A = static_cast<const uint16_t*>(ao.data_ptr());
-  const auto* B = static_cast<const uint16_t*>(bo.data_ptr());
-  float* C = c.data_ptr<float>();
-  split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    const dnnl_status_t status =
-        dnnl_gemm_bf16bf16f32(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0),
-                              la.ld, B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
-    TORCH_CHECK(status == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
-                static_cast<int>(status));
-  });
+  gemm_bf16_rows(la.trans, lb.trans, a.size(0), b.size(1), a.size(1),
+                 static_cast<const uint16_t*>(ao.data_ptr()), la.ld,
+                 static_cast<const uint16_t*>(bo.data_ptr()), lb.ld, c.data_ptr<float>(), ldc);
+}
+
+// A bf16 operand as fp32 values [rows, cols] packed (row stride cols), for the fallback.
+std::vector<float> widened(const uint16_t* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint32_t bits = static_cast<uint32_t>(x[i * ld + j]) << 16;
+      std::memcpy(&out[static_cast<size_t>(i * cols + j)], &bits, sizeof(float));
+    }
+  return out;
 }
 
 // oneDNN 2.6 has its bf16 GEMM for AVX-512 CPUs only (elsewhere it returns unimplemented).
@@ -339,6 +342,27 @@ Bf16Copies& bf16_copies() {
 }
 
 }  // namespace
+
+void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                    int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (!bf16_gemm_native()) {  // the fp32 GEMM of the rounded inputs
+    const int64_t a_rows = ta == 'N' ? M : K, a_cols = ta == 'N' ? K : M;
+    const int64_t b_rows = tb == 'N' ? K : N, b_cols = tb == 'N' ? N : K;
+    const std::vector<float> af = widened(a, a_rows, a_cols, lda),
+                             bf = widened(b, b_rows, b_cols, ldb);
+    sgemm_onednn({ta, a_cols}, af.data(), {tb, b_cols}, bf.data(), c, ldc, M, N, K);
+    return;
+  }
+  const Layout la{ta, lda}, lb{tb, ldb};
+  split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const dnnl_status_t status =
+        dnnl_gemm_bf16bf16f32(ta, tb, m1 - m0, n1 - n0, K, 1.0f, a + row_offset(la, m0), lda,
+                              b + col_offset(lb, n0), ldb, 0.0f, c + m0 * ldc + n0, ldc);
+    TORCH_CHECK(status == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
+                static_cast<int>(status));
+  });
+}
 
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
   if (x.scalar_type() == torch::kBFloat16) return x;

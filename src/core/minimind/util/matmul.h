@@ -60,6 +60,13 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
                  Precision precision);
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
 
+// c [M, N] (row stride ldc) = op(a) [M, K] @ op(b) [K, N] in bf16 with fp32 sums and output,
+// on raw arrays of bfloat16 bits: trans 'N' (op(x)'s rows at stride ld) or 'T' (op(x) is
+// the transpose of a row-major matrix with row stride ld). For buffers a task owns (an
+// expert's products), without a tensor per operand; split over the cores as matmul_into is.
+void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                    int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
+
 // c [n, M, N] = a [n, M, K] @ b [n, K, N], the n products spread over the cores.
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
 

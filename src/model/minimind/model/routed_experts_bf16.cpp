@@ -1,0 +1,279 @@
+// routed_experts' node in bf16 (run.precision: bf16): the same work as the fp32 node, with
+// every product on bf16 inputs and fp32 sums (util/matmul.h) and the per-expert work written
+// on raw buffers, without ATen operations inside the experts' tasks.
+//
+// Why its own node: with fine-grained experts (E = 64, top-16, width 52) the fp32 node's
+// shape of work made the bf16 step pay, per expert, a dozen ATen views and allocations and
+// two extra passes over [N*k, H] rows in memory: the experts' outputs kept for the routing
+// weights' gradient, and read back in the backward. Here nothing of width H is kept per
+// assignment: the routing weight's gradient gy . ys comes from the product the down
+// projection's backward computes anyway, ga = (w gy) @ W_down, as (ga . a) / w, over I
+// columns instead of H (a row whose weight is about 0 takes the direct sum).
+//
+// Precision (docs/precision.md): products take bf16 inputs and the gradient each product's
+// backward receives is rounded to bf16; the SwiGLU, the weighted sums and the routing
+// weights' gradient stay fp32. The routing weight's gradient is the one value whose rounding
+// differs from the scheme in tests/reference: it sees w gy rounded, where the scheme
+// multiplies the fp32 gy.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "minimind/model/expert_rows.h"
+#include "minimind/model/routed_experts.h"
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
+#include "minimind/util/matmul.h"
+
+namespace minimind {
+
+namespace {
+
+using namespace expert_rows;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_NO_TRAPS_BEGIN
+// e^x for x in [-87, 88] (clamped there; sigmoid needs no more), to about 2 ulp: x = n ln 2 +
+// r with |r| <= ln 2 / 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits. Plain
+// arithmetic, so that the loops calling it vectorise (libm's expf is one value per call).
+inline float exp_clamped(float x) {
+  x = x < -87.0f ? -87.0f : x;  // selects (and no floor), so that the loops vectorise
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float bf16_value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// One expert's SwiGLU forward from gu [m, 2I] = [g | u]: sig = sigmoid(g) [m, I] (kept for
+// the backward) and a = bf16(silu(g) * u) [m, I], the down projection's input.
+MINIMIND_CPU_CLONES void swiglu_forward_rows(const float* __restrict gu, float* __restrict sig,
+                                             uint16_t* __restrict a, int64_t m, int64_t I) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float *g = gu + i * 2 * I, *u = g + I;
+    float* s = sig + i * I;
+    uint16_t* a_i = a + i * I;
+    for (int64_t j = 0; j < I; ++j) {
+      s[j] = 1.0f / (1.0f + exp_clamped(-g[j]));
+      a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
+    }
+  }
+}
+
+MINIMIND_NO_TRAPS_END
+
+// The gradient rows one expert's down projection receives: gy_w = bf16(gy[tok] * w), [m, H].
+MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
+                                                const float* __restrict w,
+                                                const int64_t* __restrict tok, int64_t m, int64_t H,
+                                                uint16_t* __restrict gy_w) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* g = gy + tok[i] * H;
+    const float wi = w[i];
+    for (int64_t h = 0; h < H; ++h) gy_w[i * H + h] = bf16_bits(g[h] * wi);
+  }
+}
+
+// Below this routing weight, (ga . a) / w would lose the routing weight's gradient in
+// w gy's rounding (or divide by zero): such a row takes the direct sum gy . ys.
+constexpr float kTinyWeight = 1e-20f;
+
+// One expert's backward through the SwiGLU and the routing weights, in one pass over [m, I],
+// from ga = bf16(w gy) @ W_down [m, I] (d/da):
+//   gweight[i] = (ga_i . a_i) / w_i      (= gy_i . ys_i, the routing weight's gradient)
+//   dg = ga * u * s * (1 + g * (1 - s)), du = ga * silu(g)   (SiluBackward's formula)
+// with a = bf16(silu(g) * u) recomputed bit for bit as the forward made it (returned in a,
+// for the down weight's gradient) and [dg | du] rounded into drows [m, 2I]. Rows with
+// |w_i| < kTinyWeight are left to direct_weight_gradient.
+MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict w,
+                                              const float* __restrict gu,
+                                              const float* __restrict sig, int64_t m, int64_t I,
+                                              float* __restrict gweight, uint16_t* __restrict a,
+                                              uint16_t* __restrict drows) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float *g = gu + i * 2 * I, *u = g + I, *s = sig + i * I, *ga_i = ga + i * I;
+    uint16_t *a_i = a + i * I, *dg = drows + i * 2 * I, *du = dg + I;
+    for (int64_t j = 0; j < I; ++j) {
+      const float silu = g[j] * s[j];
+      a_i[j] = bf16_bits(silu * u[j]);
+      dg[j] = bf16_bits(((ga_i[j] * u[j]) * s[j]) * (1.0f + g[j] * (1.0f - s[j])));
+      du[j] = bf16_bits(ga_i[j] * silu);
+    }
+    // ga_i . a_i in kLanes partial sums added in a fixed order at the end (a loop of its
+    // own: one running sum is a chain of dependent additions that does not vectorise).
+    constexpr int64_t kLanes = 16;
+    float lanes[kLanes] = {};
+    int64_t j0 = 0;
+    for (; j0 + kLanes <= I; j0 += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += ga_i[j0 + l] * bf16_value(a_i[j0 + l]);
+    float dot = 0;
+    for (int64_t j = j0; j < I; ++j) dot += ga_i[j] * bf16_value(a_i[j]);
+    for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
+    gweight[i] = std::fabs(w[i]) >= kTinyWeight ? dot / w[i] : 0.0f;
+  }
+}
+
+// gy . ys for one row, ys = a @ W_down^T recomputed (a [I], W_down [H, I] as bf16 bits).
+float direct_weight_gradient(const float* gy, const uint16_t* a, const uint16_t* w_down, int64_t H,
+                             int64_t I) {
+  float sum = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    float ys = 0;
+    for (int64_t j = 0; j < I; ++j) ys += bf16_value(a[j]) * bf16_value(w_down[h * I + j]);
+    sum += gy[h] * ys;
+  }
+  return sum;
+}
+MINIMIND_NO_FMA_END
+
+// Inputs: x [N, H] and the routing weights [M] (fp32), then per expert gate_proj, up_proj and
+// down_proj weights; the tokens and counts ride along as constants. Each expert's gate and
+// up weights are one rounded [2I, H] copy, so one product gives [g | u] forward and one the
+// input gradient backward.
+struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& weight, const torch::Tensor& token,
+                               std::vector<int64_t> counts, at::TensorList weights_in) {
+    const torch::Tensor x = to_bf16(x_in);  // [N, H]
+    const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights_in[0].size(0);
+    const auto E = static_cast<int64_t>(counts.size());
+    variable_list weights(2 * E);  // per expert: [gate; up] [2I, H], down [H, I], rounded
+    for (int64_t e = 0; e < E; ++e) {
+      weights[2 * e] = to_bf16_cat({weights_in[3 * e], weights_in[3 * e + 1]});
+      weights[2 * e + 1] = to_bf16(weights_in[3 * e + 2], /*parameter=*/true);
+    }
+    const std::vector<int64_t> first = row_offsets(counts);
+    const auto opts = weight.options();
+    torch::Tensor gu = torch::empty({M, 2 * I}, opts);  // [M, 2I] = [g | u], kept
+    torch::Tensor sig = torch::empty({M, I}, opts);     // [M, I] sigmoid(g), kept
+    // One after another, the tasks add their rows into y as they go; side by side, the rows
+    // are summed over the tokens afterwards (the same bits).
+    const bool serial = blas_tasks_serial(side_by_side(I));
+    torch::Tensor y = serial ? torch::zeros({N, H}, opts) : torch::Tensor();   // [N, H]
+    torch::Tensor ys = serial ? torch::Tensor() : torch::empty({M, H}, opts);  // [M, H]
+    const int64_t* tok = token.data_ptr<int64_t>();
+    const auto* xp = static_cast<const uint16_t*>(x.data_ptr());
+    const float* w = weight.data_ptr<float>();
+    run_blas_tasks(
+        expert_order(counts, serial),
+        [&](int64_t e) {
+          const int64_t off = first[e], m = counts[e];
+          auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
+          gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
+          float* gu_e = gu.data_ptr<float>() + off * 2 * I;  // [m, 2I]
+          gemm_bf16_rows('N', 'T', m, 2 * I, H, xe, H,
+                         static_cast<const uint16_t*>(weights[2 * e].data_ptr()), H, gu_e, 2 * I);
+          auto* a = scratch_of<uint16_t>(kRounded, m * I);  // [m, I]
+          swiglu_forward_rows(gu_e, sig.data_ptr<float>() + off * I, a, m, I);
+          float* ys_e = serial ? scratch_of<float>(kOut, m * H) : ys.data_ptr<float>() + off * H;
+          gemm_bf16_rows('N', 'T', m, H, I, a, I,
+                         static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr()), I, ys_e, H);
+          if (serial) add_to_tokens(ys_e, w + off, tok + off, m, y.data_ptr<float>(), H);
+        },
+        side_by_side(I));
+    if (!serial) y = sum_per_token(ys, weight, rows_of_tokens(token, N), N);
+    ctx->save_for_backward({x, weight, gu, sig});
+    ctx->saved_data["token"] = token;
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["weights"] = weights;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &gu = saved[2], &sig = saved[3];
+    const torch::Tensor token = ctx->saved_data["token"].toTensor();
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const variable_list weights = ctx->saved_data["weights"].toTensorVector();
+    const torch::Tensor gy = grad_out[0].contiguous();  // [N, H]
+    const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = sig.size(1);
+    const auto E = static_cast<int64_t>(counts.size());
+    const std::vector<int64_t> first = row_offsets(counts);
+    // Every expert's weight gradients in one buffer: per expert [gate [I, H]; up [I, H];
+    // down [H, I]], zero for an idle expert (MiniMind's 0 * sum(params)).
+    const int64_t per_expert = 3 * I * H;
+    torch::Tensor grads = torch::empty({E, per_expert}, weight.options());  // [E, 3IH]
+    for (int64_t e = 0; e < E; ++e)
+      if (counts[e] == 0) grads[e].zero_();
+    torch::Tensor gweight = torch::empty_like(weight);  // [M]
+    // The input gradient: added into gx as the tasks go when they run one after another,
+    // else each row's kept in gxs [M, H] and summed over the tokens afterwards.
+    const bool serial = blas_tasks_serial(side_by_side(I));
+    torch::Tensor gx = serial ? torch::zeros({N, H}, gy.options()) : torch::Tensor();
+    torch::Tensor gxs = serial ? torch::Tensor() : torch::empty({M, H}, gy.options());
+    const int64_t* tok = token.data_ptr<int64_t>();
+    const auto* xp = static_cast<const uint16_t*>(x.data_ptr());
+    const float* w = weight.data_ptr<float>();
+    run_blas_tasks(
+        expert_order(counts, serial),
+        [&](int64_t e) {
+          const int64_t off = first[e], m = counts[e];
+          const auto* w_gu = static_cast<const uint16_t*>(weights[2 * e].data_ptr());
+          const auto* w_down = static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr());
+          float* g_e = grads.data_ptr<float>() + e * per_expert;
+          auto* gy_w = scratch_of<uint16_t>(kWeightedRows, m * H);  // [m, H]
+          weighted_gradient_rows(gy.data_ptr<float>(), w + off, tok + off, m, H, gy_w);
+          auto* ga = scratch_of<float>(kGa, m * I);  // [m, I] d/da = gy_w @ W_down
+          gemm_bf16_rows('N', 'N', m, I, H, gy_w, H, w_down, I, ga, I);
+          auto* a = scratch_of<uint16_t>(kRounded, m * I);      // [m, I]
+          auto* drows = scratch_of<uint16_t>(kDgu, m * 2 * I);  // [m, 2I] = [d/dg | d/du]
+          float* gweight_e = gweight.data_ptr<float>() + off;
+          swiglu_backward_rows(ga, w + off, gu.data_ptr<float>() + off * 2 * I,
+                               sig.data_ptr<float>() + off * I, m, I, gweight_e, a, drows);
+          for (int64_t i = 0; i < m; ++i)
+            if (std::fabs(w[off + i]) < kTinyWeight)
+              gweight_e[i] = direct_weight_gradient(gy.data_ptr<float>() + tok[off + i] * H,
+                                                    a + i * I, w_down, H, I);
+          // d/dW_down [H, I] = gy_w^T @ a.
+          gemm_bf16_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I);
+          // [d/dW_gate; d/dW_up] [2I, H] = drows^T @ x_e.
+          auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
+          gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
+          gemm_bf16_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H);
+          // The rows' input gradient [m, H] = drows @ [W_gate; W_up]: both uses in one sum.
+          float* gx_e = serial ? scratch_of<float>(kOut, m * H) : gxs.data_ptr<float>() + off * H;
+          gemm_bf16_rows('N', 'N', m, H, 2 * I, drows, 2 * I, w_gu, H, gx_e, H);
+          if (serial) add_to_tokens(gx_e, nullptr, tok + off, m, gx.data_ptr<float>(), H);
+        },
+        side_by_side(I));
+    // The gather's backward: each token adds its rows' gradients in order (index_add).
+    if (!serial) gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
+    variable_list result{gx, gweight, torch::Tensor(), torch::Tensor()};
+    for (int64_t e = 0; e < E; ++e) {
+      const torch::Tensor g_e = grads[e];
+      result.push_back(g_e.narrow(0, 0, I * H).view({I, H}));
+      result.push_back(g_e.narrow(0, I * H, I * H).view({I, H}));
+      result.push_back(g_e.narrow(0, 2 * I * H, I * H).view({H, I}));
+    }
+    return result;
+  }
+};
+
+}  // namespace
+
+torch::Tensor routed_experts_bf16(const torch::Tensor& x, const torch::Tensor& token,
+                                  const torch::Tensor& weight, const std::vector<int64_t>& counts,
+                                  const torch::autograd::variable_list& weights) {
+  return RoutedSwiGLUBf16::apply(x, weight, token, counts, at::TensorList(weights));
+}
+
+}  // namespace minimind
