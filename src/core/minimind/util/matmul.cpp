@@ -394,19 +394,12 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
     return;
   }
   const int64_t ldc = c.size(0) == 1 ? N : c.stride(0);
-  if (precision == Precision::bf16 && bf16_gemm_native()) {
+  if (precision == Precision::bf16) {  // gemm_bf16_rows falls back to fp32 where it must
     gemm_bf16(to_bf16(a), to_bf16(b), c, ldc);
     return;
   }
   Layout la{}, lb{};
-  torch::Tensor ao, bo;
-  if (precision == Precision::bf16) {  // no bf16 GEMM: fp32 GEMM of the rounded inputs
-    ao = gemm_operand(to_bf16(a).to(torch::kFloat32), la);
-    bo = gemm_operand(to_bf16(b).to(torch::kFloat32), lb);
-  } else {
-    ao = gemm_operand(a, la);
-    bo = gemm_operand(b, lb);
-  }
+  const torch::Tensor ao = gemm_operand(a, la), bo = gemm_operand(b, lb);
   sgemm_onednn(la, ao.data_ptr<float>(), lb, bo.data_ptr<float>(), c.data_ptr<float>(), ldc, M, N,
                K);
 }
