@@ -27,8 +27,8 @@
 #include "minimind/train/bench.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
+#include "minimind/util/allocator.h"
 #include "minimind/util/blas_check.h"
-#include "minimind/util/malloc_tuning.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/matmul_peak.h"
 #include "minimind/util/stopwatch.h"
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
   std::string preset = "moe-top1";
   int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0, shards = 0;
-  bool json = false, default_malloc = false;
+  bool json = false;
   std::string profile;
   std::vector<std::string> sets;
   app.add_option("--preset", preset,
@@ -128,7 +128,6 @@ int main(int argc, char** argv) {
   bool bf16_emulation = false;
   app.add_flag("--bf16-emulation", bf16_emulation,
                "run bf16 on a CPU without bf16 instructions, as run.bf16_emulation");
-  app.add_flag("--default-malloc", default_malloc, "keep glibc's malloc defaults (no tune_malloc)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_option("--set", sets,
@@ -153,7 +152,6 @@ int main(int argc, char** argv) {
     std::cerr << "--profile: cannot write '" << profile << "': " << std::strerror(errno) << "\n";
     return 1;
   }
-  if (!default_malloc) minimind::tune_malloc();        // before the first large tensor
   minimind_app::use_console_logger("minimind-bench");  // stdout: data only
 
   return minimind::run_main([&] {
@@ -298,7 +296,8 @@ int main(int argc, char** argv) {
                                 {"cpu", cpu.model},
                                 {"cpu_flags", cpu.flags()},
                                 {"gen_tok_s", gen_s},
-                                {"blas_core", blas_core_name()}};
+                                {"blas_core", blas_core_name()},
+                                {"allocator", allocator_name()}};
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(

@@ -35,7 +35,6 @@
 #include "minimind/run/run_log.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
-#include "minimind/util/malloc_tuning.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/stopwatch.h"
 
@@ -272,7 +271,6 @@ std::string old_form_as_subcommand(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
-  minimind::tune_malloc();                      // before the first large tensor
   if (const std::string now = old_form_as_subcommand(argc, argv); !now.empty()) {
     std::cerr << "minimind-eval: the mode flags (--checkpoint, --inspect, --report, --compare, "
                  "--analyze) became subcommands; run:\n  "

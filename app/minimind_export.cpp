@@ -8,11 +8,9 @@
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/export/export_model.h"
 #include "minimind/util/blas_check.h"
-#include "minimind/util/malloc_tuning.h"
 
 int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
-  minimind::tune_malloc();
   CLI::App app{
       "minimind-export: write a checkpoint as a GGUF file for llama.cpp, or as a "
       "Hugging Face directory (docs/export.md)"};

@@ -21,7 +21,6 @@
 #include "minimind/train/report_writer.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
-#include "minimind/util/malloc_tuning.h"
 #include "minimind/util/stop_flag.h"
 
 namespace {
@@ -80,7 +79,6 @@ void install_stop_handlers() {
 
 int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
-  minimind::tune_malloc();                      // before the first large tensor
   CLI::App app{"minimind-train: train a MiniMind language model (dense or MoE) from a YAML config"};
   std::string config_path;
   std::vector<std::string> overrides;

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark: C++ (minimind-bench) and the PyTorch reference (tests/reference/bench.py) on
-# the bench config in one run, alternating: the reference at both of its good settings
-# (the C++ side's: torch 1 thread + OpenBLAS on all cores, and glibc malloc's thresholds
-# raised as tune_malloc() does; and MiniMind's own: torch on all cores, glibc's defaults),
-# and the C++ speed against the better of the two for each preset, in fp32 and in bf16
-# (the reference under torch.autocast).
+# the bench config in one run, alternating: the reference at both of its good thread settings
+# (the C++ side's: torch 1 thread + OpenBLAS on all cores; and MiniMind's own: torch on all
+# cores), each on the C++ side's malloc, and the C++ speed against the better of the two for
+# each preset, in fp32 and in bf16 (the reference under torch.autocast).
 # Usage: scripts/bench.sh [THREADS] [STEPS] [REPEATS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,11 +16,13 @@ trap 'rm -f "$OUT"' EXIT
 # The reference gets the OpenBLAS kernels the C++ side runs with: minimind-bench sets
 # OPENBLAS_CORETYPE when OpenBLAS does not know the CPU (blas_check.h), and a PyTorch user at
 # their best would set it too.
-# The allocator setting of the C++ side (src/core/minimind/util/malloc_tuning.cpp: mmap and
-# trim thresholds at 1 GiB) through glibc's environment variables: without it every step of
-# the reference faults in its activations anew, which on a VM of this kind made it ~2.5x
-# slower (moe-top1 1,107 vs 2,873 tok/s, 2026-12-01) — a PyTorch user at their best sets it.
-SAME_MALLOC=(MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824)
+# The C++ programs' malloc (tcmalloc, docs/performance.md "Memory allocator") for the
+# reference too, preloaded into Python: a PyTorch user at their best picks the allocator, and
+# on glibc's defaults every step of the reference faulted in its activations anew (~2.5x
+# slower, 2026-12-01).
+TCMALLOC=$(ldd ./build/app/minimind-bench | awk '/libtcmalloc/ {print $3}')
+[ -n "$TCMALLOC" ] || { echo "bench.sh: minimind-bench does not link tcmalloc" >&2; exit 1; }
+SAME_MALLOC=(LD_PRELOAD="$TCMALLOC")
 # Each repeat runs every side once, in turn: C++ in fp32 (run.matmul auto) and in bf16, the
 # reference in fp32 and in bf16 autocast, each at both thread settings.
 for preset in dense moe-top1 moe-top2; do
@@ -34,8 +35,9 @@ for preset in dense moe-top1 moe-top2; do
     for precision in fp32 bf16; do
       env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
         /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same "$precision" >> "$OUT"
-      OPENBLAS_CORETYPE=$CORE /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 \
-        minimind "$precision" >> "$OUT"
+      env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
+        /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind \
+        "$precision" >> "$OUT"
     done
   done
 done
@@ -44,10 +46,12 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
     r.setdefault("precision", "fp32")
+cpp = [r for r in rows if r["impl"] == "cpp"]
+cpp_malloc = ", ".join(sorted({r["allocator"] for r in cpp}))
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8; "
       f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
+print(f"malloc: C++ {cpp_malloc}, the reference the same (LD_PRELOAD)")
 print("OpenBLAS kernels: " + ", ".join(sorted({f"{r['impl']} {r['blas_core']}" for r in rows})))
-cpp = [r for r in rows if r["impl"] == "cpp"]
 print("C++ fp32 products on: " + ", ".join(sorted({r["matmul"] for r in cpp if r["precision"] == "fp32"})))
 # MFU of every row against one peak per precision: the best product of the machine as
 # minimind-bench measured it (per core x cores, any backend), the same for both sides.
@@ -73,7 +77,7 @@ for preset in ["dense", "moe-top1", "moe-top2"]:
 for preset in ["dense", "moe-top1", "moe-top2"]:
     for precision in ["fp32", "bf16"]:
         best = max(["pytorch", "pytorch-minimind"], key=lambda impl: res[(preset, impl, precision)])
-        print(f"{preset} {precision}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores + malloc thresholds' if best == 'pytorch' else 'MiniMind threads'}) "
+        print(f"{preset} {precision}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores' if best == 'pytorch' else 'MiniMind threads'}) "
               f"= {res[(preset, 'cpp', precision)] / res[(preset, best, precision)]:.2f}x")
     print(f"{preset}: C++ bf16 / C++ fp32 = {res[(preset, 'cpp', 'bf16')] / res[(preset, 'cpp', 'fp32')]:.2f}x")
 print(f"MoE top-1 step / dense step (C++ fp32) = {res[('dense', 'cpp', 'fp32')] / res[('moe-top1', 'cpp', 'fp32')]:.2f}")

@@ -17,6 +17,8 @@ PACKAGES=(
   nlohmann-json3-dev libxxhash-dev libgloo-dev
   # oneDNN, the library libtorch_cpu already loads: minimind-bench measures its matmul peaks
   libdnnl-dev
+  # tcmalloc, the programs' malloc (docs/performance.md, "Memory allocator")
+  libtcmalloc-minimal4
   # An optimised BLAS: Debian's default libblas.so.3 is the reference BLAS (~4 GFLOP/s
   # for fp32 matmul here, versus ~100 GFLOP/s with OpenBLAS). See docs/performance.md.
   libopenblas0-pthread

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/train/report_writer.h"
 #include "minimind/train/trainer.h"
+#include "minimind/util/allocator.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -636,6 +638,21 @@ TEST(Commands, StdoutCarriesOnlyData) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_EQ(nlohmann::json::parse(out).at("preset"), "dense") << out;
   EXPECT_GT(fs::file_size(dir + "/trace.json"), 0u);
+}
+
+// The programs link tcmalloc; this test program does not, so it sees glibc's malloc, which
+// shows that allocator_name() tells the two apart (unless tcmalloc is preloaded here too).
+TEST(Allocator, ProgramsRunOnTcmalloc) {
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (preload == nullptr || std::string(preload).find("tcmalloc") == std::string::npos) {
+    EXPECT_STREQ(minimind::allocator_name(), "glibc malloc");
+  }
+  const std::string dir = test::temp_dir("allocator");
+  const std::string cmd = std::string(MINIMIND_BENCH_BIN) +
+                          " --json --preset dense --steps 1 --warmup 0 > " + dir +
+                          "/b.json 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(nlohmann::json::parse(test::read_text(dir + "/b.json")).at("allocator"), "tcmalloc");
 }
 
 // OpenBLAS 0.3.21 falls back to its SSE3 kernels on CPUs it does not know (this project's

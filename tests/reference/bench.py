@@ -4,11 +4,10 @@ measured like minimind-bench: median step time over the measured steps, fwd/bwd/
 split, peak RSS, MFU against an fp32 matmul peak measured in this process.
 
 Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY] [PRECISION]   (one JSON line)
-POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS;
-scripts/bench.sh also gives it the C++ side's malloc thresholds through glibc's
-MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, which must be set before Python starts);
+POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS);
 "minimind": what MiniMind's scripts get (torch THREADS, OpenBLAS's own default of one
-thread per core). PRECISION "fp32" (default) or "bf16": the forward under
+thread per core). scripts/bench.sh runs both on the C++ programs' malloc (tcmalloc, through
+LD_PRELOAD, which must be set before Python starts). PRECISION "fp32" (default) or "bf16": the forward under
 torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user trains in bf16 on a CPU.
 """
 import contextlib

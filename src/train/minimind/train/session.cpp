@@ -8,6 +8,7 @@
 #include "minimind/data/prepare.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
+#include "minimind/util/allocator.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
@@ -149,6 +150,11 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
       products = configure_products(cfg.run.precision, main_choice, cfg.run.bf16_emulation);
   }
   if (main_rank) log.info("{}", products.describe());
+  if (const std::string malloc = allocator_name(); malloc != "tcmalloc" && main_rank)
+    log.warn(
+        "memory allocator: {}, not the tcmalloc the programs link (docs/performance.md): "
+        "steps allocate slower, results are the same",
+        malloc);
   const BlasReport blas = check_blas();
   if (!blas.ok)
     log.warn(
