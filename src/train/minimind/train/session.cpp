@@ -150,11 +150,11 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
       products = configure_products(cfg.run.precision, main_choice, cfg.run.bf16_emulation);
   }
   if (main_rank) log.info("{}", products.describe());
-  if (const std::string malloc = allocator_name(); malloc != "tcmalloc" && main_rank)
+  if (const std::string allocator = allocator_name(); allocator != "tcmalloc" && main_rank)
     log.warn(
         "memory allocator: {}, not the tcmalloc the programs link (docs/performance.md): "
         "steps allocate slower, results are the same",
-        malloc);
+        allocator);
   const BlasReport blas = check_blas();
   if (!blas.ok)
     log.warn(
