@@ -36,6 +36,7 @@
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
+#include "minimind/util/output_path.h"
 #include "minimind/util/stopwatch.h"
 
 namespace {
@@ -382,6 +383,8 @@ int main(int argc, char** argv) {
   minimind_app::use_console_logger("minimind-eval");
   return minimind::run_main([&] {
     using namespace minimind;
+    // A page's --out is checked before the work that fills it.
+    if (!a.out.empty()) check_output_file(a.out, "--out");
     if (compare->parsed()) {
       const std::string out = a.out.empty() ? "compare.html" : a.out;
       write_compare(a.runs, out);

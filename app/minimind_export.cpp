@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
                                                          : "bf16",
                    minimind::gguf_architecture(m.config.model), bytes / 1e6);
     else
-      spdlog::info("wrote {}/ ({})", out, minimind::hf_architecture(m.config.model));
+      spdlog::info("wrote {}/ ({})", out.substr(0, out.find_last_not_of('/') + 1),
+                   minimind::hf_architecture(m.config.model));
     return 0;
   });
 }

@@ -146,12 +146,12 @@ set +e
   wait )
 set -e
 for r in 0 1; do
-  grep -q "run.expert_parallel differs between the ranks (from 1 to 2" "$WORK/mismatch$r.log" ||
+  grep -q "the ranks' configs differ: run.expert_parallel (rank $r: $((2 - r)))" "$WORK/mismatch$r.log" ||
     { echo "FAIL: rank $r did not refuse the mismatch" >&2; cat "$WORK/mismatch$r.log"; exit 1; }
 done
 # Refused before the run directory is touched.
 [ ! -e "$WORK/mismatch" ] || { echo "FAIL: the run directory was made despite the mismatch" >&2; exit 1; }
-echo "run.expert_parallel 2 on rank 0 and 1 on rank 1: both refused: $(grep -o 'run.expert_parallel differs.*' "$WORK/mismatch0.log" | head -c 120)"
+echo "run.expert_parallel 2 on rank 0 and 1 on rank 1: both refused: $(grep -o "the ranks' configs differ.*" "$WORK/mismatch0.log" | head -c 120)"
 if bash "$LAUNCH" 2 "$BIN" --config "$WORK/top1.yaml" --out "$WORK/four" --set train.batch_size=4 \
     --set run.expert_parallel=4 > "$WORK/four.log" 2>&1; then
   echo "FAIL: 4 experts' groups of 4 on 2 ranks accepted" >&2; exit 1

@@ -276,6 +276,21 @@ TEST(ConfigErrors, DuplicatesAndBadYaml) {
   expect_error("model:\n  hidden_size: 64\nmodel:\n  use_moe: true\n",
                {"section 'model' appears twice"});
   expect_error("model:\n  hidden_size: [64\n", {"invalid YAML", "test.yaml line"});
+  // What follows a second document's `---` would be ignored unread: refused, with its line.
+  expect_error("model:\n  hidden_size: 64\n---\nmodel:\n  hidden_size: 32\n",
+               {"test.yaml line 4", "a second YAML document"});
+  expect_error("model:\n  hidden_size: 64\n---\n", {"a second YAML document"});
+}
+
+// run.name names runs/<name>: never a path, "." or "..", which would make the run directory
+// runs/ itself or the working directory.
+TEST(ConfigErrors, RunNameIsANameNotAPath) {
+  for (const char* name : {"..", ".", "a/b", "", "a b"}) {
+    SCOPED_TRACE(name);
+    expect_error("run:\n  name: \"" + std::string(name) + "\"\n",
+                 {"run.name", "other than . and .."});
+  }
+  EXPECT_EQ(error_of("run:\n  name: \"..moe\"\n"), "");
 }
 
 // Inputs named in a config file are read from the file's directory; --set values and outputs
@@ -353,6 +368,17 @@ TEST(ConfigRoundTrip, WrittenYamlLoadsBackIdentically) {
     EXPECT_EQ(back.model.router_aux_loss_coef, c.config.model.router_aux_loss_coef);
     EXPECT_EQ(back.train.eps, c.config.train.eps);
     EXPECT_EQ(*back.model.intermediate_size, *c.config.model.intermediate_size);
+  }
+}
+
+// --print-config's output read back as a config warns about nothing the original did not.
+TEST(ConfigRoundTrip, APrintedConfigLoadsWithoutNewWarnings) {
+  for (const auto& [name, path] : list_presets()) {
+    SCOPED_TRACE(name);
+    const LoadedConfig original = load_config(path, {});
+    const std::string printed = test::temp_dir("printed") + "/printed.yaml";
+    test::write_text(printed, config_to_yaml(original.config));
+    EXPECT_EQ(load_config(printed, {}).warnings, original.warnings);
   }
 }
 

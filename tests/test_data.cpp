@@ -2,6 +2,7 @@
 // Python parity), token files (format errors), preparation cache, and batching.
 #include <gtest/gtest.h>
 #include <spdlog/sinks/base_sink.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -159,6 +160,39 @@ TEST(Jsonl, MissingAndEmptyCorporaAreErrors) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("no usable records"), std::string::npos);
   }
+}
+
+// A device never ends (/dev/zero) and a FIFO blocks: both refused before a byte is read.
+// A line longer than kMaxRecordBytes is skipped as a bad record without being held whole,
+// and the records around it are read as usual; a line of exactly the limit is kept.
+TEST(Jsonl, SpecialFilesAreRefusedAndHugeRecordsSkipped) {
+  const std::string dir = temp_dir("special");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  for (const std::string& path : {std::string("/dev/zero"), dir + "/fifo", dir}) {
+    const std::string msg =
+        test::error_of<DataError>([&] { read_corpus(path, {}, [](std::string_view, int64_t) {}); });
+    EXPECT_NE(msg.find("corpus '" + path + "' is "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(", not a JSONL file"), std::string::npos) << msg;
+  }
+  EXPECT_NE(test::error_of<TokenizerError>([&] {
+              Tokenizer::from_file(dir + "/fifo");
+            }).find("is not a regular file"),
+            std::string::npos);
+  // {"text": "aaa..."} of exactly kMaxRecordBytes bytes, and one byte longer.
+  const std::string frame = jsonl_line("");  // {"text": ""}\n
+  const size_t fill = kMaxRecordBytes - (frame.size() - 1);
+  const std::string path = dir + "/huge.jsonl";
+  write_text(path, jsonl_line("first") + jsonl_line(std::string(fill + 1, 'a')) +
+                       jsonl_line(std::string(fill, 'b')) + jsonl_line("last"));
+  std::vector<std::pair<size_t, int64_t>> got;  // (text length, line)
+  CorpusStats stats = read_corpus(
+      path, {}, [&](std::string_view t, int64_t line) { got.emplace_back(t.size(), line); });
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], std::make_pair(size_t{5}, int64_t{1}));
+  EXPECT_EQ(got[1], std::make_pair(fill, int64_t{3}));
+  EXPECT_EQ(got[2], std::make_pair(size_t{4}, int64_t{4}));
+  EXPECT_EQ(stats.skipped_by_reason["record over 16 MiB"], 1);
+  EXPECT_THROW(read_corpus(path, {true, 20}, [](std::string_view, int64_t) {}), DataError);
 }
 
 TEST_F(TokenizerTest, SpecialIdsAreMiniMinds) {

@@ -307,8 +307,9 @@ TEST_F(ExportTest, RefusesWhatTheTargetCannotCompute) {
       std::string::npos);
 }
 
-// An existing --out is kept unless --overwrite; a damaged checkpoint is minimind-eval's
-// error; a full disk leaves no partial file.
+// An existing --out is kept unless --overwrite, and --overwrite replaces only a GGUF file
+// (a user's other file of that name stays); a damaged checkpoint is minimind-eval's error;
+// a full disk leaves no partial file.
 TEST_F(ExportTest, BadInputLosesNothing) {
   const Case& c = cases_->at("dense");
   const std::string out = *dir_ + "/kept.gguf";
@@ -318,8 +319,17 @@ TEST_F(ExportTest, BadInputLosesNothing) {
   EXPECT_NE(e.err.find("--overwrite"), std::string::npos) << e.err;
   EXPECT_EQ(test::read_text(out), "mine");
   e = export_cmd(c.run + " --format gguf --out " + out + " --overwrite");
+  EXPECT_EQ(e.status, 1);
+  EXPECT_NE(e.err.find("is not a GGUF file, so --overwrite leaves it as it is"), std::string::npos)
+      << e.err;
+  EXPECT_EQ(test::read_text(out), "mine");
+  fs::remove(out);
+  ASSERT_EQ(export_cmd(c.run + " --format gguf --out " + out).status, 0);
+  const auto first = fs::last_write_time(out);
+  e = export_cmd(c.run + " --format gguf --out " + out + " --overwrite");
   EXPECT_EQ(e.status, 0) << e.err;
   EXPECT_EQ(test::read_text(out).substr(0, 4), "GGUF");
+  EXPECT_NE(fs::last_write_time(out), first);
   EXPECT_EQ(export_cmd(c.run + " --format onnx --out x").status, 1);
   // A truncated model.pth: the error minimind-eval gives.
   const std::string broken = *dir_ + "/broken";
@@ -328,7 +338,7 @@ TEST_F(ExportTest, BadInputLosesNothing) {
   e = export_cmd(broken + " --tokenizer " + c.run + "/tokenizer.model --format gguf --out " +
                  *dir_ + "/broken.gguf");
   EXPECT_EQ(e.status, 1);
-  EXPECT_NE(e.err.find("corrupt or truncated"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find("model.pth' is damaged"), std::string::npos) << e.err;
   EXPECT_FALSE(fs::exists(*dir_ + "/broken.gguf"));
 
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs for the full disk";

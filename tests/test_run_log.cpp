@@ -3,6 +3,7 @@
 // mistyped field is an error naming file, line and field.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -118,6 +119,22 @@ TEST(RunLog, MissingOrMistypedFieldsNameFileLineAndField) {
   EXPECT_NE(msg.find("events.jsonl:5: field 'step' should be an integer, found number"),
             std::string::npos)
       << msg;
+}
+
+// A diverged evaluation logs NaN, which JSON writes as null: the tool's own readers take it
+// back as NaN instead of refusing the run's logs.
+TEST(RunLog, ANullFigureWrittenForNaNReadsBackAsNaN) {
+  EvalRecord r;
+  r.step = 3, r.val_loss = std::nan(""), r.val_ppl = INFINITY;
+  const std::string line = nlohmann::json(r).dump();
+  EXPECT_NE(line.find("\"val_loss\":null"), std::string::npos) << line;
+  const std::string dir = old_run_copy("runlog_null");
+  write_text(dir + "/metrics.jsonl", read_text(dir + "/metrics.jsonl") + line + "\n");
+  const RunLogs logs = read_run_logs(dir);
+  ASSERT_FALSE(logs.eval.empty());
+  EXPECT_EQ(logs.eval.back().step, 3);
+  EXPECT_TRUE(std::isnan(logs.eval.back().val_loss));
+  EXPECT_TRUE(std::isnan(logs.eval.back().val_ppl));
 }
 
 TEST(RunLog, AnUnfinishedLastLineIsLeftOutButBrokenLinesElsewhereAreErrors) {

@@ -338,10 +338,13 @@ void validate_train(const Checker& c, const TrainConfig& t) {
 }
 
 void validate_run(const Checker& c, const RunConfig& r) {
-  if (r.name.empty() || r.name.find_first_of("/\\ \t\n") != std::string::npos)
+  // A name, never a path: runs/<name> must be a directory of its own under runs/ ("." or
+  // ".." would make it runs/ itself or the working directory).
+  if (r.name.empty() || r.name.find_first_of(std::string("/\\ \t\n\0", 6)) != std::string::npos ||
+      r.name == "." || r.name == "..")
     c.fail("run.name",
-           "must be a non-empty name without slashes or spaces (it names "
-           "the run directory), got \"" +
+           "must be a name without slashes or spaces, other than . and .. (it names "
+           "the run directory runs/<name>; --out DIR gives a path), got \"" +
                r.name + "\"");
   c.non_negative("run.seed", r.seed);
   c.non_negative("run.threads", r.threads);
@@ -407,7 +410,10 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "pair). Softmax scores of one token compete, so a bias step of fixed size moves "
         "selection by an amount that depends on how peaked the softmax is; consider "
         "scoring_func: sigmoid.");
-  if (m.use_moe && m.capacity_factor == 0 && cfg.origin.count("model.capacity_drop_policy"))
+  // Only a policy other than the default is worth a word: a config written by
+  // --print-config names every key.
+  if (m.use_moe && m.capacity_factor == 0 && cfg.origin.count("model.capacity_drop_policy") &&
+      m.capacity_drop_policy != ModelConfig{}.capacity_drop_policy)
     warnings.push_back(
         "model.capacity_drop_policy is set but model.capacity_factor = 0 (dropless): no "
         "token is dropped, so the policy has no effect.");

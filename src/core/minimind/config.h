@@ -193,6 +193,9 @@ std::string config_to_yaml(const Config& cfg);
 // Checks every value, fills derived sizes, returns warnings (e.g. MiniMind issue #858).
 std::vector<std::string> validate_and_resolve(Config& cfg);
 
+// (section.key, value as text) for every key, in the key table's order.
+std::vector<std::pair<std::string, std::string>> config_values(const Config& cfg);
+
 // "section.key: A -> B" for every key whose value differs (sections: all if empty).
 std::vector<std::string> config_differences(const Config& a, const Config& b,
                                             const std::string& section = "");

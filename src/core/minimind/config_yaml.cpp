@@ -155,7 +155,16 @@ void parse_root(Config& cfg, const YAML::Node& root, const std::string& source) 
 
 YAML::Node load_yaml(const std::string& text, const std::string& source) {
   try {
-    return YAML::Load(text);
+    // One document per config: what follows a `---` would otherwise be ignored unread.
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw ConfigError(
+          "config error: " + source +
+              (docs[1].Mark().line >= 0 ? " line " + std::to_string(docs[1].Mark().line + 1)
+                                        : std::string()) +
+              ": a second YAML document (after ---); a config is one document",
+          "merge the two into one, or use base: FILE.yaml to start from another");
+    return docs.empty() ? YAML::Node() : docs.front();
   } catch (const YAML::Exception& e) {
     throw ConfigError("config error: " + source + " line " + std::to_string(e.mark.line + 1) +
                       ": invalid YAML: " + e.msg);
@@ -299,6 +308,13 @@ std::string value_text(Config& cfg, const Field& f) {
   return "\"" + choice_text(ref) + "\"";  // written as the strings they were
 }
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> config_values(const Config& cfg_in) {
+  Config cfg = cfg_in;  // bind() needs a mutable Config; nothing is changed
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : config_fields()) out.emplace_back(f.path(), value_text(cfg, f));
+  return out;
+}
 
 std::vector<std::string> config_differences(const Config& a_in, const Config& b_in,
                                             const std::string& section) {

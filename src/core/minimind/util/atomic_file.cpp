@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,11 +33,16 @@ void remove_stale_temps(const std::string& path) {
     if (name.rfind(prefix, 0) != 0) continue;
     const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
     if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      fs::remove(e.path(), ec);  // best effort: a file another cleaner took is fine
+      fs::remove_all(e.path(), ec);  // a file or a directory (an export's); best effort
   }
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
+  // A rename over a device node, FIFO or socket would replace it (/dev/null by a file).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error("'" + path + "' exists and is not a regular file; it is left as it is",
+                "give the path of a new or existing regular file");
   remove_stale_temps(path);
   const std::string tmp = temp_path(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -26,11 +26,17 @@ struct CorpusOptions {
   int max_warnings = 20;  // warnings printed before the rest are only counted
 };
 
+// The longest line read as a record: MiniMind's records are a few kB, a novel a few MB.
+// A longer line (a file that is not line-based, a corpus joined into one line) is skipped
+// as a bad record without being held in memory.
+constexpr size_t kMaxRecordBytes = size_t{16} << 20;
+
 // Calls on_record(text, line_number) for each usable record, in file order. Bad lines
-// (invalid JSON, invalid UTF-8, no string "text", empty text, blank line) are skipped
+// (invalid JSON, invalid UTF-8, no string "text", empty text, blank line, a line over
+// kMaxRecordBytes) are skipped
 // with a warning naming file and line, or throw DataError when options.strict.
-// A missing file or a corpus without a single usable record throws DataError. Warnings go
-// to `log`.
+// A missing file, one that is not a regular file (a device, FIFO, directory) or a corpus
+// without a single usable record throws DataError. Warnings go to `log`.
 CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
                         const std::function<void(std::string_view text, int64_t line)>& on_record,
                         spdlog::logger& log = *spdlog::default_logger());

@@ -89,10 +89,18 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status))
+    throw TokenizerError("cannot read tokenizer model '" + path + "' (missing file?)");
+  // A device or FIFO would be read without end or block (/dev/zero, a pipe).
+  if (!std::filesystem::is_regular_file(status))
+    throw TokenizerError(
+        "tokenizer model '" + path + "' is " +
+        (std::filesystem::is_directory(status) ? "a directory" : "not a regular file") +
+        ", not a .model file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
-  if (std::filesystem::is_directory(path))
-    throw TokenizerError("tokenizer model '" + path + "' is a directory, not a .model file");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return from_bytes(std::move(bytes), path);
 }

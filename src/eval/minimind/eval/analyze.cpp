@@ -180,7 +180,8 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
       if (!tok)
         throw TokenizerError(
             "--analyze with --data needs a tokenizer: pass --tokenizer FILE.model");
-      const double size = static_cast<double>(std::filesystem::file_size(src.jsonl));
+      std::error_code ec;  // read_corpus says what is wrong with a path that has no size
+      const double size = static_cast<double>(std::filesystem::file_size(src.jsonl, ec));
       double read = 0;
       int64_t n = 0;
       read_corpus(src.jsonl, {}, [&](std::string_view text, int64_t) {

@@ -1,10 +1,14 @@
 #include "minimind/eval/eval_inputs.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 
 #include "minimind/data/jsonl.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/run/checkpoint.h"
+#include "minimind/util/stopwatch.h"
 
 namespace fs = std::filesystem;
 
@@ -20,13 +24,36 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
       auto latest = latest_checkpoint(path);
       if (!latest) throw CheckpointError("run directory '" + path + "' has no complete checkpoint");
       ckpt = *latest;
-    } else {
+    } else if (fs::exists(fs::path(path) / "state.json") ||
+               fs::exists(fs::path(path) / "model.pth")) {
       ckpt = path;
+    } else {
+      throw CheckpointError("'" + path +
+                                "' is neither a run directory (it has no checkpoints/) nor a "
+                                "checkpoint directory (no state.json, no model.pth)",
+                            "give a run directory such as runs/moe, one of its "
+                            "checkpoints/step_N directories, or a .pth file with --config");
     }
     TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
     m.step = state.step;
-    m.config = config_path.empty() ? load_config_string(state.config_yaml, ckpt + "/state.json")
-                                   : load_config_file(find_config_file(config_path));
+    m.config = load_config_string(state.config_yaml, ckpt + "/state.json");
+    if (!config_path.empty()) {
+      // A --config may change how the model is evaluated (data, precision, threads), never
+      // what the trained weights compute.
+      Config given = load_config_file(find_config_file(config_path));
+      Config saved = m.config;
+      validate_and_resolve(saved);
+      validate_and_resolve(given);
+      const std::vector<std::string> diff = config_differences(saved, given, "model");
+      if (!diff.empty())
+        throw ConfigError("--config '" + config_path + "' describes another model than the " +
+                              "checkpoint's own config (" + diff.front() +
+                              (diff.size() > 1 ? fmt::format("; {} more", diff.size() - 1) : "") +
+                              ")",
+                          "leave out --config: the checkpoint's config (in its state.json) is "
+                          "used, or fix the model keys to match it");
+      m.config = given;
+    }
     m.run_dir = fs::path(ckpt).parent_path().parent_path().string();
     m.weights = (fs::path(ckpt) / "model.pth").string();
   } else {
@@ -63,11 +90,22 @@ TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
   const std::string path = (fs::path(tmp_dir) / "eval.tok").string();
   {
     TokenFileWriter w(path, static_cast<uint32_t>(tok.vocab_size()), {0, 0});
-    int64_t n = 0;
+    int64_t n = 0, bytes = 0;
+    // A large corpus takes a while: say how far it is every few seconds.
+    std::error_code ec;  // read_corpus below says what is wrong with a path that has no size
+    const auto total = static_cast<double>(fs::file_size(jsonl, ec));
+    const Stopwatch clock;
+    double next_report = 5;
     read_corpus(jsonl, {}, [&](std::string_view text, int64_t) {
       if (max_docs >= 0 && n >= max_docs) return;
       w.add_document(tok.encode_document(text));
       ++n;
+      bytes += static_cast<int64_t>(text.size());
+      if (clock.seconds() >= next_report) {
+        next_report = clock.seconds() + 5;
+        spdlog::info("tokenising {}: {} documents, {:.0f} of {:.0f} MB of text", jsonl, n,
+                     bytes / 1e6, total / 1e6);
+      }
     });
     w.finish();
   }

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "minimind/export/hf_tokenizer.h"
 #include "minimind/export/safetensors.h"
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/output_path.h"
 
 namespace fs = std::filesystem;
 
@@ -228,9 +231,57 @@ std::map<std::string, std::string> hf_files(const EvalModel& em, ExportDtype dty
   return files;
 }
 
-void refuse_existing(const std::string& out, bool overwrite) {
-  if (!overwrite && fs::exists(fs::symlink_status(out)))
+// The files an HF export writes: a directory holding only these is one of ours.
+bool written_by_hf_export(const std::string& name) {
+  for (const char* f : {"model.safetensors", "config.json", "generation_config.json",
+                        "tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+    if (name == f) return true;
+  return false;
+}
+
+bool is_gguf_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
+}
+
+// Whether `out` may be written: a new path, or with --overwrite an output of the same
+// format that this tool wrote; never the input or a path inside the checkpoint read.
+void check_export_target(const EvalModel& m, ExportFormat format, const std::string& out,
+                         bool overwrite) {
+  const std::string checkpoint =
+      m.run_dir.empty() ? std::string() : fs::path(m.weights).parent_path().string();
+  if (format == ExportFormat::gguf) {
+    check_output_file(out, "--out");
+    if (is_same_or_inside(out, m.weights) ||
+        (!checkpoint.empty() && is_same_or_inside(out, checkpoint)))
+      throw Error("--out '" + out + "' lies in the checkpoint being read (" +
+                      (checkpoint.empty() ? m.weights : checkpoint) + ")",
+                  "write the export somewhere else");
+  } else {
+    if (const std::string kind = path_kind(out); !kind.empty() && kind != "a directory")
+      throw Error("--out '" + out + "' is " + kind + "; --format hf writes a directory",
+                  "give a new directory's name");
+    check_replaceable_directory(out, "--out", {m.weights, checkpoint});
+  }
+  if (!fs::exists(fs::symlink_status(out))) return;
+  if (!overwrite)
     throw Error("'" + out + "' exists", "pass --overwrite to replace it, or choose another --out");
+  if (format == ExportFormat::gguf && fs::file_size(out) > 0 && !is_gguf_file(out))
+    throw Error("'" + out + "' is not a GGUF file, so --overwrite leaves it as it is",
+                "choose another --out");
+  if (format == ExportFormat::hf) {
+    std::vector<std::string> foreign;
+    for (const auto& e : fs::directory_iterator(out))
+      if (!written_by_hf_export(e.path().filename().string()))
+        foreign.push_back(e.path().filename().string());
+    std::sort(foreign.begin(), foreign.end());
+    if (!foreign.empty())
+      throw Error("'" + out + "' holds " + foreign.front() +
+                      (foreign.size() > 1 ? fmt::format(" and {} more", foreign.size() - 1) : "") +
+                      ", which minimind-export did not write, so --overwrite leaves it as it is",
+                  "choose another --out, or move those files away first");
+  }
 }
 
 // What neither target computes: a router that is not learned, and capacity dropping.
@@ -276,30 +327,18 @@ void export_model(const EvalModel& m, ExportFormat format, ExportDtype dtype,
                   const std::string& out, bool overwrite) {
   if (!m.tokenizer)
     throw TokenizerError("exporting needs the tokenizer: pass --tokenizer FILE.model");
-  refuse_existing(out, overwrite);
+  check_export_target(m, format, out, overwrite);
+  // Written whole under a temporary name, then put in place of the old output in one step.
+  OutputReplacement replacement(out);
   if (format == ExportFormat::gguf) {
-    if (fs::is_directory(out)) throw Error("'" + out + "' is a directory; give a .gguf file name");
-    write_file_atomic(out, gguf_bytes(m, dtype));
-    return;
-  }
-  const std::map<std::string, std::string> files = hf_files(m, dtype);
-  // The whole directory under a temporary name, renamed into place when complete.
-  const fs::path target = fs::absolute(out).lexically_normal();
-  const fs::path tmp = temp_path(target.string());
-  try {
+    write_file_atomic(replacement.temp(), gguf_bytes(m, dtype));
+  } else {
+    const fs::path tmp = replacement.temp();
     fs::create_directories(tmp);
-    for (const auto& [name, bytes] : files) write_file_atomic((tmp / name).string(), bytes);
-    if (fs::exists(target)) {
-      if (!fs::is_directory(target))
-        throw Error("'" + out + "' is a file; give a directory for --format hf");
-      fs::remove_all(target);
-    }
-    fs::rename(tmp, target);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
-    throw;
+    for (const auto& [name, bytes] : hf_files(m, dtype))
+      write_file_atomic((tmp / name).string(), bytes);
   }
+  replacement.commit();
 }
 
 }  // namespace minimind

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "minimind/error.h"
+#include "minimind/export/checked_cast.h"
 
 namespace minimind {
 namespace {
@@ -62,7 +63,7 @@ void GgufWriter::add_tensor(const std::string& name, const torch::Tensor& t, Ggu
   const c10::ScalarType st = type == GgufType::f32   ? torch::kFloat32
                              : type == GgufType::f16 ? torch::kFloat16
                                                      : torch::kBFloat16;
-  const torch::Tensor data = t.detach().to(torch::kCPU).to(st).contiguous();
+  const torch::Tensor data = checked_cast(name, t, st);
   Tensor out{name, {}, type, std::string(static_cast<const char*>(data.data_ptr()), data.nbytes())};
   for (int64_t d = data.dim() - 1; d >= 0; --d)
     out.dims.push_back(static_cast<uint64_t>(data.size(d)));

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "minimind/export/checked_cast.h"
+
 namespace minimind {
 
 std::string safetensors_bytes(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
@@ -15,7 +17,7 @@ std::string safetensors_bytes(const std::vector<std::pair<std::string, torch::Te
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string data;
   for (const auto& [name, t] : tensors) {
-    const torch::Tensor c = t.detach().to(torch::kCPU).to(st).contiguous();
+    const torch::Tensor c = checked_cast(name, t, st);
     const size_t begin = data.size();
     data.append(static_cast<const char*>(c.data_ptr()), c.nbytes());
     header[name] = {

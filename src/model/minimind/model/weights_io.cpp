@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/zip_check.h"
 
 namespace minimind {
 
@@ -66,6 +67,12 @@ c10::IValue read_pickle(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw WeightsError("cannot read '" + path + "' (missing file?)");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // LibTorch's reader does not check the entries' CRCs: a damaged block would load as
+  // whatever its bytes read as (NaN weights, say).
+  if (const std::string damage = zip_damage(std::string_view(bytes.data(), bytes.size()));
+      !damage.empty())
+    throw WeightsError("'" + path + "' is damaged: " + damage,
+                       "restore it from a copy, or use the checkpoint before it");
   try {
     // What torch::pickle_load does, with the bounds-checked reader above.
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedBytes>(std::move(bytes)));

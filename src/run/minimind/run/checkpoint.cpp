@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/run/optimizer_state.h"
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/output_path.h"
 
 namespace fs = std::filesystem;
 
@@ -93,19 +95,76 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
 }
 
+namespace {
+
+// The marker of a run directory, written when the trainer first takes the directory.
+constexpr const char* kRunMarker = ".minimind-run";
+
+// What the trainer and the evaluation tools write in a run directory: --overwrite removes
+// these (and their temporaries, NAME.tmp.PID.N) and nothing else.
+bool written_by_a_run(const std::string& name) {
+  static const char* kEntries[] = {".lock",        kRunMarker,        "config.yaml",
+                                   "train.log",    "metrics.jsonl",   "expert_load.jsonl",
+                                   "events.jsonl", "tokenizer.model", "checkpoints",
+                                   "tensorboard",  "analysis.json",   "analysis.html",
+                                   "report.html"};
+  for (const char* e : kEntries) {
+    const std::string entry(e);
+    if (name == entry || name.rfind(entry + ".tmp.", 0) == 0) return true;
+  }
+  return false;
+}
+
+// A run directory carries the marker; one made before the marker existed, the lock file
+// that every run writes first, with config.yaml or with nothing that runs do not write.
+bool is_run_directory(const fs::path& dir, const std::vector<std::string>& names) {
+  if (fs::exists(dir / kRunMarker)) return true;
+  if (!fs::exists(dir / ".lock")) return false;
+  return fs::exists(dir / "config.yaml") ||
+         std::all_of(names.begin(), names.end(), written_by_a_run);
+}
+
+std::string some_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 4) out += fmt::format(" and {} more", names.size() - 4);
+  return out;
+}
+
+}  // namespace
+
 RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
-                                Distributed& dist) {
+                                Distributed& dist, const std::vector<std::string>& inputs) {
   RunDirectory run{path, std::nullopt, {}};
   if (dist.is_main()) {
     if (resume && !fs::is_directory(path))
       throw TrainError("--resume: '" + path + "' does not exist",
                        "run without --resume to start training");
+    if (fs::exists(path) && !fs::is_directory(path))
+      throw TrainError("the run directory '" + path + "' is " + path_kind(path),
+                       "give --out a new or empty directory");
+    // Never a directory of someone else's files: refused before anything is written in it.
+    std::vector<std::string> names;  // what it holds now
+    if (fs::exists(path))
+      for (const auto& e : fs::directory_iterator(path))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    if (!names.empty() && !is_run_directory(path, names))
+      throw TrainError("'" + path + "' is not a run directory: it holds " + some_names(names) +
+                           ", which minimind-train did not write",
+                       "give --out a new or empty directory (nothing was changed)");
+    if (overwrite && !resume && !names.empty())
+      check_replaceable_directory(path, "the run directory", inputs);
     fs::create_directories(path);
     run.lock = RunLock::acquire(path);  // before anything in it is read or changed
-    // What the directory holds besides the lock file.
-    std::vector<fs::path> entries;
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.path().filename() != ".lock") entries.push_back(e.path());
+    if (!fs::exists(fs::path(path) / kRunMarker))
+      write_file_atomic((fs::path(path) / kRunMarker).string(),
+                        "minimind-train run directory: --overwrite may empty it\n");
+    std::vector<fs::path> entries;  // of the run, besides the lock and the marker
+    for (const auto& e : fs::directory_iterator(path)) {
+      const std::string name = e.path().filename().string();
+      if (name != ".lock" && name != kRunMarker) entries.push_back(e.path());
+    }
     if (resume) {
       const fs::path root = fs::path(path) / "checkpoints";
       if (fs::exists(root))
@@ -130,7 +189,18 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
         throw TrainError("'" + path + "' already holds a run, stopped before its first checkpoint",
                          "start it again with --overwrite, or give --out DIR for a new directory");
       }
-      for (const auto& e : entries) fs::remove_all(e);
+      std::vector<std::string> kept;
+      for (const auto& e : entries) {
+        const std::string name = e.filename().string();
+        if (written_by_a_run(name))
+          fs::remove_all(e);
+        else
+          kept.push_back(name);
+      }
+      std::sort(kept.begin(), kept.end());
+      if (!kept.empty())
+        spdlog::warn("--overwrite: '{}' also holds {}, not written by a run: left as it is", path,
+                     some_names(kept));
     }
   }
   dist.barrier();

@@ -65,14 +65,17 @@ class RunLock {
 // other ranks then look for rank 0's checkpoint in it (the directory must be shared).
 // Throws TrainError with a hint when the directory holds a run and neither resume nor
 // overwrite was asked, or when another trainer owns it. A checkpoint left half-written by a
-// crash (checkpoints/.tmp-*) is removed.
+// crash (checkpoints/.tmp-*) is removed. Only a run directory (its marker .minimind-run, or
+// a run from before the marker) is ever used or emptied: a non-empty directory of other
+// files is refused untouched; --overwrite removes only what runs write, and refuses the
+// working directory, a directory holding it, and one holding any of `inputs` (data files).
 struct RunDirectory {
   std::string path;
   std::optional<std::string> checkpoint;  // resume: the newest complete checkpoint
   RunLock lock;                           // rank 0
 };
 RunDirectory open_run_directory(const std::string& path, bool resume, bool overwrite,
-                                Distributed& dist);
+                                Distributed& dist, const std::vector<std::string>& inputs = {});
 
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
 // `after_file` (tests) is called after each file is written, to simulate a crash. A model

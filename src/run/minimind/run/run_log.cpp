@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <iterator>
+#include <limits>
 
 #include "minimind/error.h"
 
@@ -37,6 +38,12 @@ void read_value(const std::string& name, const json& v, int64_t& out) {
   out = v.get<int64_t>();
 }
 void read_value(const std::string& name, const json& v, double& out) {
+  // JSON has no NaN or infinity: a non-finite figure (a diverged evaluation) is written as
+  // null, and read back as NaN.
+  if (v.is_null()) {
+    out = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
   if (!v.is_number()) bad_field(name, v, "a number");
   out = v.get<double>();
 }

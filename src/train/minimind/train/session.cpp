@@ -65,6 +65,50 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
+// Keys a rank may set for itself: how fast it runs, how long it waits, where its files are
+// and what its console shows. Every other key decides what is computed and must agree.
+bool rank_may_differ(const std::string& key) {
+  for (const char* k : {"run.threads", "run.dist_timeout", "data.cache_dir", "data.train",
+                        "data.val", "data.tokenizer", "log.console"})
+    if (key == k) return true;
+  return false;
+}
+
+// Before anything is written: every rank compares a hash of each key's value with every
+// other rank's (a maximum of [h, -h] over the ranks is h on both only where all agree), and
+// a difference stops every rank naming the keys. Otherwise ranks of another model size would
+// fail inside a collective, and another seed or learning rate would train silently.
+void check_ranks_agree(const Config& cfg, Distributed& dist) {
+  if (dist.world_size() <= 1) return;
+  std::vector<std::pair<std::string, std::string>> values;
+  for (auto& kv : config_values(cfg))
+    if (!rank_may_differ(kv.first)) values.push_back(std::move(kv));
+  const auto n = static_cast<int64_t>(values.size());
+  torch::Tensor t = torch::empty({2 * (n + 1)}, torch::kInt64);  // [2 (n + 1)]
+  int64_t* h = t.data_ptr<int64_t>();
+  h[0] = n, h[1] = -n;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto v = static_cast<int64_t>(std::hash<std::string>{}(values[i].second) >> 2);
+    h[2 * i + 2] = v, h[2 * i + 3] = -v;
+  }
+  dist.all_reduce_max(t);
+  if (h[0] != -h[1])
+    throw ConfigError("the ranks run different versions of minimind-train (their configs have " +
+                      std::to_string(-h[1]) + " to " + std::to_string(h[0]) + " keys)");
+  std::vector<std::string> differ;
+  for (int64_t i = 0; i < n; ++i)
+    if (h[2 * i + 2] != -h[2 * i + 3])
+      differ.push_back(values[i].first + " (rank " + std::to_string(dist.rank()) + ": " +
+                       values[i].second + ")");
+  if (differ.empty()) return;
+  std::string shown;
+  for (size_t i = 0; i < differ.size() && i < 4; ++i) shown += (i ? ", " : "") + differ[i];
+  if (differ.size() > 4) shown += fmt::format(" and {} more", differ.size() - 4);
+  throw ConfigError("the ranks' configs differ: " + shown,
+                    "give every rank the same config and --set options (only run.threads, "
+                    "run.dist_timeout, log.console and the data paths may differ)");
+}
+
 // Every rank must split the experts alike and train the same number of shards (each shard
 // exchanges over connections of its own): a difference is refused on every rank before
 // anything is trained. Then the expert groups are formed.
@@ -231,8 +275,10 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   check_model_fits_memory(cfg.model, /*training=*/true);
   s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
   s->shards = batch_shards(cfg.model, cfg.train.batch_size, s->threads);
-  set_up_expert_parallel(*s, cfg, dist);  // refusals here leave the run directory alone
-  s->run = open_run_directory(run_dir, resume, overwrite, dist);
+  check_ranks_agree(cfg, dist);  // refusals here leave the run directory alone
+  set_up_expert_parallel(*s, cfg, dist);
+  s->run = open_run_directory(run_dir, resume, overwrite, dist,
+                              {cfg.data.train, cfg.data.val, cfg.data.tokenizer});
   make_run_loggers(*s, run_dir, resume, dist.rank());
   try {
     set_up(*s, cfg, dist, stop);
