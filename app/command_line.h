@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -50,37 +51,25 @@ inline size_t display_columns(const char* begin, const char* end) {
 }
 
 // Formats as `inner` does, then breaks a line wider than `width` columns at spaces, the
-// rest indented under the message: a long warning stays readable on a narrow terminal.
+// rest indented under the message: a long warning stays readable in a terminal of 120
+// columns or a narrower one.
 // (train.log has a formatter of its own and keeps whole lines.)
 class WrappingFormatter : public spdlog::formatter {
  public:
   WrappingFormatter(std::unique_ptr<spdlog::formatter> inner, size_t width, size_t indent)
       : inner_(std::move(inner)), width_(width), indent_(indent) {}
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    spdlog::memory_buf_t line;
-    inner_->format(msg, line);
-    const char* p = line.data();
-    const char* const end = line.data() + line.size();
-    size_t lead = 0;  // columns of the indent on continuation lines
-    while (true) {
+    spdlog::memory_buf_t text;
+    inner_->format(msg, text);
+    // Each line of the message (an error's hint is a line of its own) wrapped by itself.
+    const char* p = text.data();
+    const char* const end = text.data() + text.size();
+    while (p < end) {
       const char* eol = std::find(p, end, '\n');
-      if (display_columns(p, eol) + lead <= width_) {
-        dest.append(p, end);
-        return;
-      }
-      // The last space that keeps the line within the width (none: the line stays whole).
-      const char* cut = nullptr;
-      for (const char* q = p; q < eol && display_columns(p, q) + lead <= width_; ++q)
-        if (*q == ' ') cut = q;
-      if (cut == nullptr || cut == p) {
-        dest.append(p, end);
-        return;
-      }
-      dest.append(p, cut);
+      wrap(p, eol, dest);
+      if (eol == end) break;
       dest.push_back('\n');
-      for (size_t i = 0; i < indent_; ++i) dest.push_back(' ');
-      lead = indent_;
-      p = cut + 1;
+      p = eol + 1;
     }
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
@@ -88,27 +77,54 @@ class WrappingFormatter : public spdlog::formatter {
   }
 
  private:
+  // Appends [p, eol) broken at spaces into lines of at most width_ columns.
+  void wrap(const char* p, const char* eol, spdlog::memory_buf_t& dest) const {
+    size_t lead = 0;  // columns of the indent on continuation lines
+    while (display_columns(p, eol) + lead > width_) {
+      // The last space that keeps the line within the width (none: the rest stays whole).
+      const char* cut = nullptr;
+      for (const char* q = p; q < eol && display_columns(p, q) + lead <= width_; ++q)
+        if (*q == ' ') cut = q;
+      if (cut == nullptr || cut == p) break;
+      dest.append(p, cut);
+      dest.push_back('\n');
+      for (size_t i = 0; i < indent_; ++i) dest.push_back(' ');
+      lead = indent_;
+      p = cut + 1;
+    }
+    dest.append(p, eol);
+  }
+
   std::unique_ptr<spdlog::formatter> inner_;
   size_t width_, indent_;
 };
 
+// The width console lines are wrapped at: MINIMIND_CONSOLE_WIDTH when set (0: never wrap,
+// one message per line, for scripts that grep), else the terminal's width on a terminal
+// (at most 120, at least 60), else 120.
+inline size_t console_width() {
+  if (const char* env = std::getenv("MINIMIND_CONSOLE_WIDTH"); env && *env) {
+    char* end = nullptr;
+    const long w = std::strtol(env, &end, 10);
+    if (*end == '\0' && w >= 0) return w == 0 ? 0 : std::max<size_t>(static_cast<size_t>(w), 40);
+  }
+  winsize ws{};
+  if (isatty(STDERR_FILENO) && ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return std::clamp<size_t>(ws.ws_col, 60, 120);
+  return 120;
+}
+
 // The console of every tool: stderr (stdout carries only data), each line after a short
-// time stamp ("12:03:45 step 100/300 ..."). On a terminal, lines are at most 120 columns
-// wide, or the terminal's width when that is narrower (at least 60); piped or redirected,
-// each message stays one line, for grep.
+// time stamp ("12:03:45 step 100/300 ..."), lines wrapped at console_width() with the rest
+// of a long message indented under it, on a terminal or not.
 inline void use_console_logger(const std::string& name) {
   auto log = spdlog::stderr_color_mt(name);
   auto pattern = std::make_unique<spdlog::pattern_formatter>();
   pattern->add_flag<LevelWord>('*').set_pattern("%H:%M:%S %^%*%$%v");
-  winsize ws{};
-  if (isatty(STDERR_FILENO)) {
-    size_t width = 120;
-    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
-      width = std::clamp<size_t>(ws.ws_col, 60, 120);
+  if (const size_t width = console_width(); width > 0)
     log->set_formatter(std::make_unique<WrappingFormatter>(std::move(pattern), width, 11));
-  } else {
+  else
     log->set_formatter(std::move(pattern));
-  }
   spdlog::set_default_logger(log);
 }
 

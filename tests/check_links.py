@@ -1,13 +1,15 @@
 """Every link and cited path in the docs and in the code's comments resolves inside the tree.
 
-Walks README.md, CHANGELOG.md and docs/**/*.md (Markdown links and images, with their
-#anchors checked against the target's headings) and the comments of src/, app/ and tests/
-(a docs/ page, README.md or CHANGELOG.md). Fails on a missing file, a missing anchor, or
-a relative path that leaves the repository.
+Walks README.md, CHANGELOG.md and docs/**/*.md, the dated reports in docs/benchmarks/
+included (Markdown links and images, with their #anchors checked against the target's
+headings, and paths of the tree cited in the text), and the comments of src/, app/ and
+tests/ (a docs/ page, README.md or CHANGELOG.md). Fails on a missing file, a missing
+anchor, or a relative path that leaves the repository.
 Usage: check_links.py SOURCE_DIR
 """
 import os
 import re
+import subprocess
 import sys
 
 root = os.path.realpath(sys.argv[1])
@@ -72,6 +74,31 @@ for md in md_files:
         for rel in re.findall(r"\.\./[\w./-]+", line):
             if not inside(os.path.join(os.path.dirname(md), rel)):
                 errors.append(f"{os.path.relpath(md, root)}:{n}: {rel} leaves the repository")
+
+# Paths of the tree cited in the pages' prose (`src/.../x.h`, scripts/bench.sh, ...), from the
+# repository root. A path followed by "at commit HASH" cites a file as it was then (a dated
+# report on code since removed): it must exist in that commit when git can tell.
+tree_path = re.compile(
+    r"(?<![\w./-])((?:src|app|tests|scripts|configs|docs|data|\.ci)/[\w./-]*[\w-]"
+    r"\.(?:h|cpp|py|sh|md|yaml|txt|jsonl|mjs|json|cmake|png))(?:\s+at commit ([0-9a-f]{7,40}))?")
+has_git = os.path.isdir(os.path.join(root, ".git"))
+for md in md_files:
+    if not os.path.exists(md):
+        continue
+    for n, line in enumerate(open(md, encoding="utf-8"), 1):
+        for rel, commit in tree_path.findall(line):
+            where = f"{os.path.relpath(md, root)}:{n}"
+            checked += 1
+            if commit:
+                # Checked where the commit is known (a shallow clone may not have it).
+                def known(obj):
+                    return has_git and subprocess.run(["git", "-C", root, "cat-file", "-e", obj],
+                                                      capture_output=True).returncode == 0
+                if known(commit + "^{commit}") and not known(f"{commit}:{rel}"):
+                    errors.append(f"{where}: {rel} is not in commit {commit}")
+            elif not os.path.exists(os.path.join(root, rel)):
+                errors.append(f"{where}: {rel} does not exist (a file since removed is cited "
+                              "as 'PATH at commit HASH')")
 
 # Comments in the code: the docs they cite, by path from the repository root.
 cited = re.compile(r"((?:\.\./)*(?:docs/[\w./-]+\.md|README\.md|CHANGELOG\.md)(?:#[\w-]+)?)")

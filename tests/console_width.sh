@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# On a terminal, every line minimind-train prints by default fits in 120 columns (time stamp
-# included, the status line too),
+# Every line minimind-train prints by default fits in 120 columns, on a terminal (time stamp
+# included, the status line too) and piped (the default preset and moe-deepseek, whose
+# start-up line and warnings are longer: wrapped at spaces, continued indented),
 # with the per-layer load histogram kept: the default preset, a lab preset with 16
 # experts (z, bias, sequence aux) and 64 experts; log.console: full prints the rest.
 # Usage: console_width.sh BUILD_DIR
 set -euo pipefail
+unset MINIMIND_CONSOLE_WIDTH  # ctest's one-line-per-message setting: the real width here
 BUILD=$(realpath "$1")
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -48,10 +50,18 @@ for f in moe deepseek e64; do
   width_check "$f.err"
   grep -q "  L0 " "$f.err" || { echo "FAIL: no layer rows in $f.err" >&2; exit 1; }
 done
+# Piped: the same limit, with continuation lines indented under the message.
+for preset in moe moe-deepseek; do
+  "$BUILD/app/minimind-train" --config "$preset" --out "runs/piped-$preset" "${SHORT[@]}" \
+    2> "piped-$preset.err" > /dev/null
+  width_check "piped-$preset.err"
+done
+grep -q "^           [^ ]" piped-moe-deepseek.err ||
+  { echo "FAIL: no indented continuation in the piped moe-deepseek output" >&2; exit 1; }
 # The histogram: one glyph per expert (4 here), and 64 over one line of its own.
 grep -Eq "  L0  [▁▂▃▄▅▆▇█·]{4}  max" moe.err || { echo "FAIL: no histogram in moe.err" >&2; exit 1; }
 grep -Eq "  L0  e0   [▁▂▃▄▅▆▇█·]{64}$" e64.err || { echo "FAIL: no 64-glyph row" >&2; exit 1; }
 # The full rows hold what the compact ones leave out.
 grep -q "∇lm" full.err || { echo "FAIL: log.console=full has no gradient pair" >&2; exit 1; }
 if grep -q "∇lm" moe.err; then echo "FAIL: the compact console shows the full rows" >&2; exit 1; fi
-echo "console: every line of 3 runs within 120 columns"
+echo "console: every line of 3 runs on a terminal and 2 piped within 120 columns"

@@ -217,5 +217,27 @@ TEST(Matmul, Bf16IsRefusedWithoutBf16InstructionsUnlessEmulationIsAsked) {
   EXPECT_NO_THROW(check_bf16_cpu(spr, false));
 }
 
+// run.matmul: auto is a rule on the CPU's instruction sets: the same answer on every call,
+// however loaded the machine (a timed choice flipped between runs of one config).
+TEST(Matmul, AutoIsDecidedByTheCpuNeverByATiming) {
+  const CpuFeatures avx2 = parse_cpu_features("flags\t\t: fpu sse2 avx avx2 fma\n");
+  const CpuFeatures avx512 = parse_cpu_features("flags\t\t: avx2 avx512f avx512bw avx512_bf16\n");
+  EXPECT_EQ(auto_matmul(avx2), MatmulBackend::openblas);
+  EXPECT_EQ(auto_matmul(avx512), MatmulBackend::onednn);
+  const ProductSettings before = product_settings();
+  const ProductChoice first = configure_products(Precision::fp32, MatmulBackend::automatic, false);
+  for (int i = 0; i < 20; ++i) {
+    const ProductChoice again =
+        configure_products(Precision::fp32, MatmulBackend::automatic, false);
+    EXPECT_EQ(again.settings.fp32, first.settings.fp32);
+    EXPECT_EQ(again.describe(), first.describe());
+  }
+  EXPECT_EQ(first.settings.fp32, auto_matmul(cpu_features()));
+  EXPECT_NE(first.describe().find("(run.matmul auto: "), std::string::npos) << first.describe();
+  const ProductChoice pinned = configure_products(Precision::fp32, MatmulBackend::openblas, false);
+  EXPECT_EQ(pinned.reason, "");
+  set_product_settings(before);
+}
+
 }  // namespace
 }  // namespace minimind

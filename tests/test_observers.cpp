@@ -68,10 +68,36 @@ TEST(Collapse, FiresOnCollapsedRouterAfterPatienceAndStaysQuietWhenBalanced) {
   EXPECT_NE(ev.message.find("layer 1"), std::string::npos) << ev.message;
   EXPECT_NE(ev.message.find("expert 2 takes 95.0%"), std::string::npos) << ev.message;
   EXPECT_NE(ev.message.find("1 dead expert: 0"), std::string::npos) << ev.message;
+  EXPECT_NE(ev.message.find("(over the 90% threshold) and 1 dead expert: 0 (at or over the "
+                            "threshold of 1)"),
+            std::string::npos)
+      << ev.message;
   // Recovery re-arms it; an interrupted streak does not fire.
   EXPECT_FALSE(det.observe(1, 60, routing_metrics({250, 250, 250, 250})).has_value());
   EXPECT_FALSE(det.observe(1, 70, routing_metrics({0, 500, 250, 250})).has_value());
   EXPECT_FALSE(det.observe(1, 80, routing_metrics({10, 500, 250, 240})).has_value());
+}
+
+// The message says which condition fired it: dead experts with a share under its threshold
+// read as such (not "takes 54.2% (threshold 90%)" as if the share had fired it), and a share
+// over its threshold with no dead expert the other way round.
+TEST(Collapse, TheMessageNamesTheConditionThatFiredIt) {
+  auto fire = [](const std::vector<int64_t>& counts) {
+    CollapseDetector det({0.9, 1, 1});
+    const auto ev = det.observe(0, 10, routing_metrics(counts));
+    return ev ? ev->message : std::string("(none)");
+  };
+  const std::string dead = fire({542, 0, 229, 229});
+  EXPECT_NE(dead.find("1 dead expert: 1 (at or over the threshold of 1); expert 0 takes 54.2% of "
+                      "the tokens (under the 90% threshold)"),
+            std::string::npos)
+      << dead;
+  const std::string share = fire({950, 20, 15, 15});
+  EXPECT_NE(share.find("expert 0 takes 95.0% of the tokens (over the 90% threshold); 0 dead "
+                       "experts (under the threshold of 1)"),
+            std::string::npos)
+      << share;
+  EXPECT_EQ(fire({250, 250, 250, 250}), "(none)");
 }
 
 TEST(Uninformative, FiresAfterPatienceOncePerEpisodeAndNotDuringWarmUp) {

@@ -98,6 +98,37 @@ TEST(Trainer, ShortRunLogsWhatItTrained) {
   EXPECT_NO_THROW(load_weights(check, run + "/checkpoints/step_00000030/model.pth"));
 }
 
+// Same config, same machine, same bits: two fresh runs (two threads, shards side by side,
+// run.matmul: auto) log the same numbers in every field but the timings. A start-up timing
+// that chose the library flipped between such runs on a busy machine.
+TEST(Trainer, TwoFreshRunsOfOneConfigLogTheSameBits) {
+  const std::string dir = temp_dir("same_bits");
+  const Config cfg = tiny_config(dir, {"run.threads=2"});
+  ASSERT_EQ(cfg.run.matmul, MatmulBackend::automatic);
+  // A log file's lines with the timing fields taken out.
+  auto numbers = [](const std::string& file) {
+    std::vector<std::string> out;
+    std::istringstream in(read_text(file));
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      for (const char* timing : {"elapsed", "tok_per_s", "allreduce_ms"}) j.erase(timing);
+      out.push_back(j.dump());
+    }
+    return out;
+  };
+  for (const char* run : {"/a", "/b"}) {
+    TrainOptions o;
+    o.out_dir = dir + run;
+    train(cfg, o);
+  }
+  for (const char* file : {"/metrics.jsonl", "/expert_load.jsonl"}) {
+    SCOPED_TRACE(file);
+    const std::vector<std::string> a = numbers(dir + "/a" + file), b = numbers(dir + "/b" + file);
+    ASSERT_GT(a.size(), 4u);
+    EXPECT_EQ(a, b);
+  }
+}
+
 TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
   const std::string dir = temp_dir("resume");
   Config cfg = tiny_config(dir);

@@ -32,11 +32,6 @@ namespace {
 
 ProductSettings g_settings;  // set at start-up, before the first product
 
-// oneDNN takes the choice only when the probe finds it this much faster: the two libraries
-// sum in different orders, and a choice that flipped between two runs of one config on one
-// machine would make them differ in the last bits.
-constexpr double kOnednnMargin = 1.15;
-
 // A 2-D operand as a row-major GEMM sees it: 'N' (rows at stride ld) or 'T' (the
 // transpose of a row-major [cols, rows] matrix with row stride ld).
 struct Layout {
@@ -146,28 +141,6 @@ bool bf16_gemm_runs() {
 }
 std::atomic<bool> g_force_bf16_fallback{false};
 
-// One core each, the bench model's FFN products forward ([1024, 256] x [256, 832]) and
-// backward ([1024, 832] x [832, 256]): the lower of the two figures per library.
-std::pair<double, double> probe_fp32_libraries() {
-  const OneBlasThread one_blas;
-  torch::NoGradGuard no_grad;
-  double blas = 1e30, dnnl = 1e30;
-  for (const auto& shape : {std::array<int64_t, 3>{1024, 256, 832}, {1024, 832, 256}}) {
-    // Named, not bound: clang 14 lambdas cannot capture structured bindings.
-    const int64_t M = shape[0], K = shape[1], N = shape[2];
-    const torch::Tensor a = torch::randn({M, K}), b = torch::randn({K, N});
-    torch::Tensor c = torch::empty({M, N});
-    blas = std::min(blas, product_gflops([&] { at::mm_out(c, a, b); }, M, N, K));
-    dnnl = std::min(dnnl, product_gflops(
-                              [&] {
-                                onednn_sgemm(M, N, K, a.data_ptr<float>(), b.data_ptr<float>(),
-                                             c.data_ptr<float>());
-                              },
-                              M, N, K));
-  }
-  return {blas, dnnl};
-}
-
 // x [...] float32 -> bfloat16 of the same shape (contiguous), split over the cores.
 torch::Tensor round_tensor_to_bf16(const torch::Tensor& x) {
   const torch::Tensor src = x.contiguous();
@@ -219,13 +192,15 @@ ProductChoice configure_products(Precision precision, MatmulBackend requested,
   choice.settings.precision = precision;
   choice.settings.fp32 = requested;
   if (requested == MatmulBackend::automatic) {
-    std::tie(choice.openblas_gflops, choice.onednn_gflops) = probe_fp32_libraries();
-    choice.settings.fp32 = choice.onednn_gflops > kOnednnMargin * choice.openblas_gflops
-                               ? MatmulBackend::onednn
-                               : MatmulBackend::openblas;
+    choice.settings.fp32 = auto_matmul(cpu);
+    choice.reason = cpu.avx512f ? "run.matmul auto: AVX-512 CPU" : "run.matmul auto: no AVX-512";
   }
   set_product_settings(choice.settings);
   return choice;
+}
+
+MatmulBackend auto_matmul(const CpuFeatures& cpu) {
+  return cpu.avx512f ? MatmulBackend::onednn : MatmulBackend::openblas;
 }
 
 std::string ProductChoice::describe() const {
@@ -236,9 +211,7 @@ std::string ProductChoice::describe() const {
         << ")";
   else
     out << "matrix products in fp32 on " << fp32;
-  if (openblas_gflops > 0)
-    out << " (probe, one core: OpenBLAS " << static_cast<int>(openblas_gflops) << ", oneDNN "
-        << static_cast<int>(onednn_gflops) << " GFLOP/s)";
+  if (!reason.empty()) out << " (" << reason << ")";
   out << "; CPU " << cpu_flags;
   return out.str();
 }

@@ -1,10 +1,10 @@
 // The one home of the model's matrix products below autograd: which library runs them
 // (OpenBLAS through ATen, or oneDNN), in which precision, on how many cores.
 //
-// fp32 products run on the library `configure_products` chose (run.matmul; "auto" times
-// both on this CPU at start-up). bf16 products round both inputs to bfloat16 and run on
-// oneDNN's matmul with an fp32 destination: every sum accumulates in fp32, and the result
-// is fp32 (PyTorch's autocast rounds it to bf16 as well; docs/precision.md).
+// fp32 products run on the library `configure_products` chose (run.matmul; "auto" decides
+// from the CPU's instruction sets, never from a timing: auto_matmul). bf16 products round both
+// inputs to bfloat16 and run on oneDNN's matmul with an fp32 destination: every sum accumulates in
+// fp32, and the result is fp32 (PyTorch's autocast rounds it to bf16 as well; docs/precision.md).
 //
 // Cores: OpenBLAS splits its own products over the cores it has. For oneDNN this file splits
 // a product's output rows (or columns) over the same cores (run_blas_tasks), each part on one
@@ -32,10 +32,10 @@ struct ProductSettings {
 // What configure_products decided, for the log and the benchmark.
 struct ProductChoice {
   ProductSettings settings;
-  double openblas_gflops = 0, onednn_gflops = 0;  // the probe's one-core figures (0: not run)
-  std::string cpu_flags;                          // CpuFeatures::flags()
-  // "bf16 products (oneDNN, fp32 accumulation); fp32 ones on oneDNN (probe, one core:
-  // OpenBLAS 110, oneDNN 221 GFLOP/s); CPU avx2 avx512f avx512_bf16", for the log.
+  std::string reason;     // why run.matmul auto chose the library ("" when not auto)
+  std::string cpu_flags;  // CpuFeatures::flags()
+  // "matrix products in fp32 on oneDNN (run.matmul auto: AVX-512 CPU); CPU avx2 avx512f
+  // avx512_bf16", for the log.
   std::string describe() const;
 };
 
@@ -47,11 +47,17 @@ void set_product_settings(const ProductSettings& settings);
 // has no bf16 instructions, unless `bf16_emulation`.
 void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation);
 
-// Resolves run.matmul ("auto": a ~0.1 s one-core probe of both fp32 libraries on the
-// bench model's FFN shapes; oneDNN is taken only when clearly faster, so that the choice
-// does not flip between runs on one machine) and checks bf16 against this CPU
+// Resolves run.matmul (auto: auto_matmul) and checks bf16 against this CPU
 // (check_bf16_cpu). Sets and returns the settings.
 ProductChoice configure_products(Precision precision, MatmulBackend requested, bool bf16_emulation);
+
+// What run.matmul auto means on a CPU: oneDNN where it has AVX-512, OpenBLAS elsewhere. A
+// rule on what does not change between runs, never a timing: a start-up probe of both
+// libraries picked by a few percent of noise on a busy machine, so two runs of one config
+// computed different bits. The rule follows the bench presets' steps (oneDNN 9-20 % faster
+// with OpenBLAS's own AVX-512 kernels, about 2x with its Haswell ones on an AVX-512 CPU;
+// docs/performance.md, "Which library").
+MatmulBackend auto_matmul(const CpuFeatures& cpu);
 
 // c [M, N] = a [M, K] @ b [K, N] in `precision` (for float32 tensors; float64 ones take
 // ATen's product). a and b may be transposed views; c must have unit column stride. bf16

@@ -35,7 +35,7 @@ struct TrainState {
   std::string config_yaml;     // the resolved config of the run
   // The library that ran the fp32 products ("openblas", "onednn"; "" in checkpoints
   // written before it was kept): a resumed run with run.matmul: auto keeps it, so that it
-  // continues bit for bit on a machine whose probe would choose the other one.
+  // continues bit for bit on a CPU where auto means the other one.
   std::string matmul;
   // The monitors' state (a log interval's partial sums, collapse streaks), so that a resumed
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a

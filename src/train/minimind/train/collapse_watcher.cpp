@@ -44,12 +44,22 @@ std::optional<CollapseRecord> CollapseDetector::observe(int64_t layer, int64_t s
   ev.expert = m.max_expert;
   ev.max_share = m.max_share;
   ev.dead_experts = m.dead;
-  ev.message = fmt::format(
-      "routing collapse in layer {} since step {}: expert {} takes {:.1f}% of the tokens "
-      "(threshold {:.0f}%), {} dead expert{}{}{} for {} log intervals",
-      layer, since, m.max_expert, 100 * m.max_share, 100 * t_.max_share, m.dead.size(),
-      m.dead.size() == 1 ? "" : "s", m.dead.empty() ? "" : ": ", fmt::join(m.dead, ", "),
-      streaks_.length(layer));
+  // The message names what fired it: the share over its threshold, the dead experts at
+  // or over theirs, or both, each with its figure (the other figure only as context).
+  const bool share = m.max_share > t_.max_share;
+  const bool dead = static_cast<int64_t>(m.dead.size()) >= t_.dead_experts;
+  const std::string share_text =
+      fmt::format("expert {} takes {:.1f}% of the tokens ({} the {:.0f}% threshold)", m.max_expert,
+                  100 * m.max_share, share ? "over" : "under", 100 * t_.max_share);
+  const std::string dead_text =
+      fmt::format("{} dead expert{}{}{} ({} the threshold of {})", m.dead.size(),
+                  m.dead.size() == 1 ? "" : "s", m.dead.empty() ? "" : ": ",
+                  fmt::join(m.dead, ", "), dead ? "at or over" : "under", t_.dead_experts);
+  const std::string cause = share && dead ? share_text + " and " + dead_text
+                            : share       ? share_text + "; " + dead_text
+                                          : dead_text + "; " + share_text;
+  ev.message = fmt::format("routing collapse in layer {} since step {}, for {} log intervals: {}",
+                           layer, since, streaks_.length(layer), cause);
   return ev;
 }
 

@@ -150,7 +150,8 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   if (s.run.checkpoint) {
     const TrainState saved = read_checkpoint_state(*s.run.checkpoint);
     saved_batch_size = check_resumed_config(cfg, saved, *s.run.checkpoint, run_dir, log);
-    // run.matmul: auto continues on the library the run used, whatever the probe says now.
+    // run.matmul: auto continues on the library the run used (a run of an older version
+    // chose by timing; a checkpoint moved to another CPU keeps its numbers).
     if (matmul == MatmulBackend::automatic && parse_choice(saved.matmul, matmul) &&
         matmul != MatmulBackend::automatic)
       log.info("run.matmul auto: fp32 products on {}, as before the checkpoint", saved.matmul);
@@ -184,9 +185,9 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
 
   ProductChoice products = configure_products(cfg.run.precision, matmul, cfg.run.bf16_emulation);
   if (dist.world_size() > 1) {
-    // Every rank takes rank 0's fp32 library: each rank's timing probe (run.matmul: auto) may
-    // decide otherwise on a busy machine, and ranks on two libraries would round their
-    // products differently (a job's numbers would then depend on the load).
+    // Every rank takes rank 0's fp32 library: ranks on hosts of another CPU would resolve
+    // run.matmul: auto otherwise, and ranks on two libraries would round their products
+    // differently.
     torch::Tensor choice = torch::tensor({static_cast<int64_t>(products.settings.fp32)});  // [1]
     dist.broadcast_from_main({choice});
     const auto main_choice = static_cast<MatmulBackend>(choice.item<int64_t>());
