@@ -159,6 +159,7 @@ TEST(Checkpoint, IncompleteAndWrongVersionAreRefusedWithHint) {
   }
   const std::string p2 = save_checkpoint(dir, model, *opt, s, 3);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(p2 + "/state.json"));
+  j.erase("crc32");  // edited by hand, as a checkpoint of another version would be
   j["format_version"] = 99;
   std::ofstream(p2 + "/state.json") << j.dump();
   try {
@@ -217,6 +218,7 @@ TEST(Checkpoint, OptimizerStateRoundTripsInBothFormats) {
   // A checkpoint written by the format-1 trainer.
   torch::save(*opt, path + "/optimizer.pt");
   nlohmann::json j = nlohmann::json::parse(std::ifstream(path + "/state.json"));
+  j.erase("crc32");  // format 1 had none
   j["format_version"] = 1;
   std::ofstream(path + "/state.json") << j.dump();
   auto opt3 = make_optimizer(fresh->parameters(), cfg.train);
@@ -251,6 +253,7 @@ TEST(Checkpoint, DataPositionInRowsAndOlderBatchCounts) {
   EXPECT_EQ(read_checkpoint_state(path).loader_rows, 96);
   // A checkpoint from before rows were stored: a one-process batch count.
   nlohmann::json j = nlohmann::json::parse(std::ifstream(path + "/state.json"));
+  j.erase("crc32");  // nor did checkpoints of that time
   j.erase("loader_rows");
   j["loader_position"] = 12;
   std::ofstream(path + "/state.json") << j.dump();
@@ -279,6 +282,8 @@ TEST(Checkpoint, StateFieldsAreNamedWhenMissingOrMistyped) {
   const std::string path = save_checkpoint(dir, model, *opt, s, 3);
   const std::string state = path + "/state.json";
   nlohmann::json j = nlohmann::json::parse(read_text(state));
+  ASSERT_TRUE(j.contains("crc32"));
+  j.erase("crc32");  // edited by hand: its fields are checked one by one
   j.erase("tokens");
   write_text(state, j.dump());
   std::string msg = error_of<CheckpointError>([&] { read_checkpoint_state(path); });
@@ -287,6 +292,25 @@ TEST(Checkpoint, StateFieldsAreNamedWhenMissingOrMistyped) {
   write_text(state, j.dump());
   msg = error_of<CheckpointError>([&] { read_checkpoint_state(path); });
   EXPECT_NE(msg.find("field 'tokens' is not an integer"), std::string::npos) << msg;
+}
+
+// state.json carries the CRC-32 of its own text: a changed digit (bit rot in the step count,
+// say), which still parses as a valid state, is named as damage; the original reads.
+TEST(Checkpoint, AChangedStateJsonIsCaughtByItsCrc) {
+  CheckpointSetup c("ckcrc");
+  auto& [dir, cfg, model, opt, s] = c;
+  s.step = 123;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  const std::string state = path + "/state.json";
+  const std::string text = read_text(state);
+  EXPECT_EQ(read_checkpoint_state(path).step, 123);
+  const size_t at = text.find("\"step\": 123");
+  ASSERT_NE(at, std::string::npos) << text;
+  write_text(state, text.substr(0, at) + "\"step\": 723" + text.substr(at + 11));
+  const std::string msg = error_of<CheckpointError>([&] { read_checkpoint_state(path); });
+  EXPECT_NE(msg.find(state + "' is damaged: its CRC-32 does not match"), std::string::npos) << msg;
+  write_text(state, text);
+  EXPECT_EQ(read_checkpoint_state(path).step, 123);
 }
 
 }  // namespace

@@ -19,8 +19,10 @@ uint64_t le(std::string_view s, size_t at, int bytes) {
 constexpr uint32_t kLocalHeader = 0x04034b50, kCentralHeader = 0x02014b50,
                    kEndOfCentral = 0x06054b50, kZip64Locator = 0x07064b50, kZip64End = 0x06064b50;
 
-// CRC-32 of a range longer than zlib's uInt in pieces.
-uint32_t crc_of(std::string_view data) {
+}  // namespace
+
+// In pieces: a range may be longer than zlib's uInt.
+uint32_t crc32_of(std::string_view data) {
   uLong crc = crc32(0L, Z_NULL, 0);
   for (size_t at = 0; at < data.size();) {
     const size_t n = std::min<size_t>(data.size() - at, size_t{1} << 30);
@@ -29,8 +31,6 @@ uint32_t crc_of(std::string_view data) {
   }
   return static_cast<uint32_t>(crc);
 }
-
-}  // namespace
 
 std::string zip_damage(std::string_view z) {
   // The end-of-central-directory record: 22 bytes and a comment of up to 65,535.
@@ -84,7 +84,7 @@ std::string zip_damage(std::string_view z) {
     const uint64_t data = local + 30 + le(z, local + 26, 2) + le(z, local + 28, 2);
     if (data > z.size() || packed > z.size() - data)
       return "entry '" + name + "' runs past the end of the file (truncated?)";
-    if (method == 0 && (packed != size || crc_of(z.substr(data, packed)) != crc))
+    if (method == 0 && (packed != size || crc32_of(z.substr(data, packed)) != crc))
       return "entry '" + name + "': CRC-32 mismatch (the bytes on disk changed)";
     at += 46 + name_len + extra_len + comment_len;
   }

@@ -3,6 +3,7 @@
 // damaged block loaded as NaN weights). Checked here before such a file is parsed.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -13,5 +14,8 @@ namespace minimind {
 // archive: no end-of-central-directory record"). Compressed entries (torch.save stores
 // its entries uncompressed) are checked for bounds only.
 std::string zip_damage(std::string_view archive);
+
+// zlib's CRC-32 of any number of bytes (state.json carries one of its own text).
+uint32_t crc32_of(std::string_view bytes);
 
 }  // namespace minimind

@@ -20,6 +20,7 @@
 #include "minimind/run/optimizer_state.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/output_path.h"
+#include "minimind/util/zip_check.h"
 
 namespace fs = std::filesystem;
 
@@ -254,14 +255,18 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
     }
     const std::vector<char> rng_bytes = torch::pickle_save(rng);
     write("rng.pt", std::string_view(rng_bytes.data(), rng_bytes.size()));
-    const nlohmann::json j = {{"format_version", kCheckpointVersion},
-                              {"step", state.step},
-                              {"tokens", state.tokens},
-                              {"loader_rows", state.loader_rows},
-                              {"elapsed_seconds", state.elapsed_seconds},
-                              {"config", state.config_yaml},
-                              {"matmul", state.matmul},
-                              {"monitor", state.monitor}};
+    nlohmann::json j = {{"format_version", kCheckpointVersion},
+                        {"step", state.step},
+                        {"tokens", state.tokens},
+                        {"loader_rows", state.loader_rows},
+                        {"elapsed_seconds", state.elapsed_seconds},
+                        {"config", state.config_yaml},
+                        {"matmul", state.matmul},
+                        {"monitor", state.monitor}};
+    // The other files are zip archives with a CRC per entry; this one carries its own: the
+    // CRC-32 of its text without this field (nlohmann writes an object's keys sorted, so the
+    // reader can write that text again).
+    j["crc32"] = crc32_of(j.dump(2));
     write("state.json", j.dump(2) + "\n");
     sync_path(tmp);
   } catch (const std::exception& e) {
@@ -322,6 +327,16 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   if (j.is_discarded() || !j.is_object())
     throw CheckpointError("checkpoint state '" + file + "' is not a JSON object",
                           "delete this checkpoint to resume from the one before");
+  // Checkpoints written before the field existed have none.
+  if (const auto crc = j.find("crc32"); crc != j.end()) {
+    nlohmann::json body = j;
+    body.erase("crc32");
+    if (!crc->is_number_unsigned() || crc->get<uint64_t>() != crc32_of(body.dump(2)))
+      throw CheckpointError("checkpoint state '" + file +
+                                "' is damaged: its CRC-32 does not match its text (the bytes "
+                                "on disk changed)",
+                            "delete this checkpoint to resume from the one before");
+  }
   const auto v = j.find("format_version");
   const int64_t version = v != j.end() && v->is_number_integer() ? v->get<int64_t>() : int64_t{-1};
   if (version != 1 && version != kCheckpointVersion)
