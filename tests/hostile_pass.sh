@@ -16,6 +16,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export MASTER_PORT=$((20000 + $$ % 20000))
+export MINIMIND_CONSOLE_WIDTH=0  # one line per message: the checks grep them (as under ctest)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_error LOG PATTERN COMMAND...: the command exits 1 and its output holds PATTERN.
@@ -191,7 +192,7 @@ PY
 
 # 9, 14. One document per config; --print-config reads back without a warning.
 printf 'base: tiny.yaml\n---\nmodel: {hidden_size: 32}\n' > two.yaml
-expect_error two.log "line 3: a second YAML document" "$TRAIN" --config two.yaml --print-config
+expect_error two.log "line 2: a second YAML document" "$TRAIN" --config two.yaml --print-config
 "$TRAIN" --config moe.yaml --print-config > printed.yaml 2> /dev/null
 "$TRAIN" --config printed.yaml --print-config > /dev/null 2> printed.log
 [ ! -s printed.log ] || { cat printed.log; fail "--print-config's own output warns"; }
