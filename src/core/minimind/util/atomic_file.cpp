@@ -74,4 +74,12 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   }
 }
 
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
 }  // namespace minimind

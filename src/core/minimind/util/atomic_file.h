@@ -22,4 +22,8 @@ void remove_stale_temps(const std::string& path);
 // exists and is not a regular file (a directory, device, FIFO, socket) is refused.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
+// Flushes a directory's entries to disk (after a rename in it, or before one that exposes
+// it), so that a power cut cannot undo the rename or expose missing entries. Best effort.
+void sync_directory(const std::string& dir);
+
 }  // namespace minimind

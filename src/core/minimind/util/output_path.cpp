@@ -33,15 +33,6 @@ bool ends_in_slash(const std::string& path) {
   return path.size() > 1 && path.back() == '/';
 }
 
-// Flushes a directory's entries (a rename in it) to disk.
-void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 }  // namespace
 
 std::string path_kind(const std::string& path) {

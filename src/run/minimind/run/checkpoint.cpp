@@ -35,15 +35,6 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-// Flushes a file or directory to disk so a rename after it cannot expose missing data.
-void sync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const std::string& run_dir) {
   std::vector<std::pair<int64_t, fs::path>> out;
   const fs::path root = fs::path(run_dir) / "checkpoints";
@@ -268,7 +259,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
     // reader can write that text again).
     j["crc32"] = crc32_of(j.dump(2));
     write("state.json", j.dump(2) + "\n");
-    sync_path(tmp);
+    sync_directory(tmp.string());
   } catch (const std::exception& e) {
     // Leave nothing half-written behind (it would hold the space a retry needs).
     std::error_code ec;
@@ -287,7 +278,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
 
   fs::remove_all(final_dir);  // a re-run step (after resume) replaces its old checkpoint
   fs::rename(tmp, final_dir);
-  sync_path(root);
+  sync_directory(root.string());
 
   auto all = complete_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second);
