@@ -69,19 +69,22 @@ std::vector<minimind::MatmulPeak> other_kernel_set_peaks(const minimind::CpuFeat
   return out;
 }
 
-// The --variant table: per variant the median step, tok/s and model GFLOP/s relative to the
-// first (the bench config as given).
+// The --variant table: per variant its products, the median step, tok/s and model GFLOP/s
+// relative to the first (the bench config as given).
 int print_variants(const minimind::Config& base, const std::vector<std::string>& specs, int steps,
-                   int warmup, int threads) {
+                   int warmup,
+                   const std::function<minimind::ComputePlan(const minimind::Config&)>& plan_for) {
   using namespace minimind;
-  const std::vector<VariantSpeed> rows = compare_variants(base, specs, steps, warmup, threads);
+  const std::vector<VariantSpeed> rows = compare_variants(base, specs, steps, warmup, plan_for);
   std::cout << fmt::format(
-      "{} variants, {} threads, {} measured steps each, interleaved\n"
-      "| variant | step ms | tok/s | model GFLOP/s | per-FLOP speed (MFU) vs {} |\n"
-      "|---|---:|---:|---:|---:|\n",
-      rows.size(), threads, steps, rows[0].name);
+      "{} variants, {} measured steps each, interleaved\n"
+      "| variant | products | threads | step ms | tok/s | model GFLOP/s | per-FLOP speed (MFU) "
+      "vs {} |\n"
+      "|---|---|---:|---:|---:|---:|---:|\n",
+      rows.size(), steps, rows[0].name);
   for (const auto& r : rows)
-    std::cout << fmt::format("| {} | {:.0f} | {:.0f} | {:.1f} | {:+.1f} % |\n", r.name,
+    std::cout << fmt::format("| {} | {} {} | {} | {:.0f} | {:.0f} | {:.1f} | {:+.1f} % |\n", r.name,
+                             name_of(r.plan.precision), name_of(r.plan.matmul), r.plan.threads,
                              1e3 * r.step_seconds, r.tok_s, r.gflops,
                              100 * (r.gflops / rows[0].gflops - 1));
   return 0;
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
   minimind::use_kernels_fitting_the_cpu(argv);  // may re-execute: before anything else
   CLI::App app{"minimind-bench: C++ training/generation speed on the bench config"};
   std::string preset = "moe-top1";
-  int steps = 12, warmup = 3, threads = 0, blas_threads = 0, torch_threads = 0, shards = 0;
+  int steps = 12, warmup = 3, threads = -1, blas_threads = 0, torch_threads = 0, shards = 0;
   bool json = false;
   std::string profile;
   std::vector<std::string> sets;
@@ -105,29 +108,32 @@ int main(int argc, char** argv) {
       ->check(minimind_app::integer_in(1, 100000));
   app.add_option("--warmup", warmup, "steps before measuring")
       ->check(minimind_app::integer_in(0, 100000));
-  app.add_option("--threads", threads, "cores to use, as run.threads (0 = one per core)")
+  app.add_option("--threads", threads,
+                 "cores to use (same as --set run.threads=N; 0 = one per core)")
       ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_option("--blas-threads", blas_threads,
-                 "OpenBLAS threads while training (0: the trainer's choice)")
+                 "OpenBLAS threads while training, in place of the compute plan's (0: the plan's)")
       ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_option("--torch-threads", torch_threads,
-                 "torch intra-op threads (0: the trainer's choice)")
+                 "torch intra-op threads, in place of the compute plan's (0: the plan's)")
       ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
   app.add_option("--shards", shards,
-                 "shards of each micro-batch trained side by side (0: the trainer's choice, "
-                 "one per thread; 1: the whole micro-batch at once)")
+                 "shards of each micro-batch trained side by side, in place of the compute "
+                 "plan's (0: the plan's, one per thread; 1: the whole micro-batch at once)")
       ->check(minimind_app::integer_in(0, 8));
-  std::string precision = "fp32", matmul = "auto";
+  std::string precision, matmul;
   app.add_option("--precision", precision,
-                 "the matrix products' precision, as run.precision (bf16: bf16 inputs, fp32 "
-                 "accumulation)")
+                 "the matrix products' precision (same as --set run.precision=P; bf16: bf16 "
+                 "inputs, fp32 accumulation)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--matmul", matmul,
-                 "the fp32 products' library, as run.matmul (auto: the faster on this CPU)")
+                 "the fp32 products' library (same as --set run.matmul=M; auto: oneDNN on an "
+                 "AVX-512 CPU, else OpenBLAS)")
       ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
   bool bf16_emulation = false;
   app.add_flag("--bf16-emulation", bf16_emulation,
-               "run bf16 on a CPU without bf16 instructions, as run.bf16_emulation");
+               "run bf16 on a CPU without bf16 instructions (same as --set "
+               "run.bf16_emulation=true)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
   app.add_option("--set", sets,
@@ -166,12 +172,27 @@ int main(int argc, char** argv) {
       std::cout << j.dump() << "\n";
       return 0;
     }
+    // The flags that are spellings of keys, after the --set ones.
+    if (!precision.empty()) sets.push_back("run.precision=" + precision);
+    if (!matmul.empty()) sets.push_back("run.matmul=" + matmul);
+    if (threads >= 0) sets.push_back("run.threads=" + std::to_string(threads));
+    if (bf16_emulation) sets.push_back("run.bf16_emulation=true");
     const Config cfg = bench_config(preset, sets);
-    // The trainer's thread policy (use_threads); the matmul peaks of one core per backend
-    // and precision (matmul_peak.h), times the cores used; then --blas-threads, if given.
-    const int n_threads = use_threads(threads);
-    set_blas_threads(n_threads);
-    const CpuFeatures cpu = cpu_features();
+    // The trainer's plan for this config (a training step of the bench batch), with the
+    // bench's own experiments (--blas-threads, --torch-threads, --shards) in its place.
+    const Machine machine = this_machine();
+    auto plan_for = [&](const Config& c) {
+      ComputePlan p = plan_compute(c, machine, {true, kBenchBatch, 1, 1});
+      if (blas_threads > 0) p.blas_threads = blas_threads;
+      if (torch_threads > 0) p.torch_threads = torch_threads;
+      if (shards > 0) p.shards = shards;
+      return p;
+    };
+    const ComputePlan plan = plan_for(cfg);
+    const ComputeScope compute(plan);
+    spdlog::info("{}", plan.describe());
+    const int n_threads = plan.threads;
+    const CpuFeatures& cpu = machine.cpu;
     std::vector<MatmulPeak> peaks = measure_matmul_peaks();
     for (const auto& p : other_kernel_set_peaks(cpu)) peaks.push_back(p);
     const MatmulPeak &fp32 = *best_peak(peaks, "fp32"), &bf16 = *best_peak(peaks, "bf16");
@@ -185,18 +206,9 @@ int main(int argc, char** argv) {
     }());
     if (!cpu.bf16())
       spdlog::info("no bf16 instructions (avx512_bf16, amx_bf16): oneDNN emulates bf16 here");
-    Precision prec{};
-    MatmulBackend backend{};
-    parse_choice(precision, prec);
-    parse_choice(matmul, backend);
-    const ProductChoice products = configure_products(prec, backend, bf16_emulation);
-    const std::string fp32_library = name_of(products.settings.fp32);
-    spdlog::info("products: {} ({})", precision,
-                 prec == Precision::bf16 ? std::string("oneDNN bf16 GEMM, fp32 sums")
-                                         : fp32_library + " fp32");
-    if (blas_threads > 0) set_blas_threads(blas_threads);
-    if (torch_threads > 0) torch::set_num_threads(torch_threads);
-    if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, n_threads);
+    const Precision prec = plan.precision;
+    const std::string precision_name = name_of(prec), fp32_library = name_of(plan.matmul);
+    if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, plan_for);
 
     torch::manual_seed(0);
     MiniMindForCausalLM model(cfg.model);
@@ -211,7 +223,7 @@ int main(int argc, char** argv) {
           "--shards " + std::to_string(shards) + ": this config keeps each micro-batch whole",
           "capacity, the random router and dropout rank or draw over the whole "
           "micro-batch; leave --shards out");
-    const int n_shards = shards > 0 ? shards : batch_shards(cfg.model, B, n_threads);
+    const int n_shards = plan.shards;
     std::vector<double> fwd, bwd, optim, total;
     for (int s = 0; s < warmup + steps; ++s) {
       // The legacy autograd profiler records every op of the step, forward and backward.
@@ -283,8 +295,9 @@ int main(int argc, char** argv) {
                                 {"opt_ms", 1e3 * median(optim)},
                                 {"peak_rss_mb", rss_mb},
                                 {"model_gflops", model_gflops},
-                                {"precision", precision},
+                                {"precision", precision_name},
                                 {"matmul", fp32_library},
+                                {"plan", plan.to_json()},
                                 {"mfu", mfu},
                                 {"peak_gflops", peak.gflops * n_threads},
                                 {"peak_backend", peak.backend + " " + peak.kernel},
@@ -305,9 +318,10 @@ int main(int argc, char** argv) {
           "+ opt {:.0f} | peak RSS {:.0f} MB | {:.0f} model GFLOP/s: MFU {:.1f}% of the {} peak "
           "{:.0f} GFLOP/s ({} {}), {:.1f}% of OpenBLAS {}'s, {:.1f}% of bf16's | generation "
           "{:.0f} tok/s\n",
-          preset, precision, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
-          1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, precision, peak.gflops * n_threads,
-          peak.backend, peak.kernel, 100 * mfu_openblas, blas_core_name(), 100 * mfu_bf16, gen_s);
+          preset, precision_name, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
+          1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, precision_name,
+          peak.gflops * n_threads, peak.backend, peak.kernel, 100 * mfu_openblas, blas_core_name(),
+          100 * mfu_bf16, gen_s);
     }
     return 0;
   });

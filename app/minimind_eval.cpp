@@ -23,6 +23,7 @@
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
 #include "minimind/analysis/routing_page.h"
+#include "minimind/compute_plan.h"
 #include "minimind/data/prepare.h"
 #include "minimind/error.h"
 #include "minimind/eval/analyze.h"
@@ -47,11 +48,28 @@ struct Args {
   std::string config, tokenizer, data, prompt, out;
   std::vector<std::string> data_list;  // analyze: repeatable, NAME=FILE
   std::vector<std::string> runs;       // compare
-  int64_t max_docs = -1, batch_size = 0, threads = 0;
-  std::string precision;  // empty: the run's run.precision
+  int64_t max_docs = -1, batch_size = 0, threads = -1;
+  std::string precision;          // empty: the run's run.precision
+  std::vector<std::string> sets;  // run.KEY=VALUE on the run's config
   bool json = false, truncate = false, follow = false;
   minimind::GenerateOptions gen;
 };
+
+// --set on the run's config: only run.* keys (how to compute); the model, data and training
+// keys are the checkpoint's.
+void apply_run_settings(minimind::Config& cfg, const std::vector<std::string>& sets) {
+  using namespace minimind;
+  for (const auto& s : sets) {
+    if (s.rfind("run.", 0) != 0)
+      throw ConfigError("--set " + s + ": minimind-eval takes run.* keys only",
+                        "the model and its data come from the checkpoint; --set changes how it "
+                        "is computed (run.precision, run.matmul, run.threads, "
+                        "run.bf16_emulation)");
+    apply_override(cfg, s);
+  }
+  // Its warnings are about the model, which --set cannot change (training showed them).
+  if (!sets.empty()) validate_and_resolve(cfg);
+}
 
 // The run's data, prepared (cached), when it has a validation split; `purpose` ends the
 // error's hint.
@@ -64,8 +82,9 @@ minimind::PreparedData validation_split(const minimind::Config& cfg, int threads
   return d;
 }
 
-int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
+int evaluate_command(const Args& a, minimind::EvalModel& m, const minimind::ComputePlan& plan) {
   using namespace minimind;
+  const int threads = plan.threads;
   const Config& cfg = m.config;
   std::optional<TokenFile> docs;
   const std::string tmp =
@@ -79,7 +98,7 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
   }
   const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
   const Stopwatch clock;
-  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs, nullptr,
+  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs,
                           a.truncate ? LongDocuments::truncate : LongDocuments::windows);
   const double secs = clock.seconds();
   std::filesystem::remove_all(tmp);
@@ -106,7 +125,11 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, int threads) {
     rec.set_router(ri);
     summary.expert_load.push_back(rec);
   }
-  if (a.json) std::cout << nlohmann::json(summary).dump() << std::endl;
+  if (a.json) {
+    nlohmann::json j = summary;
+    j["plan"] = plan.to_json();  // how it was computed
+    std::cout << j.dump() << std::endl;
+  }
   return 0;
 }
 
@@ -303,11 +326,15 @@ int main(int argc, char** argv) {
     sub->add_option("--config", a.config, "YAML config (required for a bare .pth)");
     sub->add_option("--tokenizer", a.tokenizer,
                     "sentencepiece .model (default: the run's tokenizer.model)");
-    sub->add_option("--threads", a.threads, "intra-op threads (default: one per core)")
+    sub->add_option("--set", a.sets,
+                    "run.KEY=VALUE: how to compute, on the run's config (repeatable; "
+                    "run.precision, run.matmul, run.threads, run.bf16_emulation)");
+    sub->add_option("--threads", a.threads,
+                    "cores to use (same as --set run.threads=N; 0 = one per core; default: the "
+                    "run's run.threads)")
         ->check(minimind_app::integer_in(0, minimind::kMaxThreads));
     sub->add_option("--precision", a.precision,
-                    "the matrix products' precision, fp32 or bf16 (default: the run's "
-                    "run.precision)")
+                    "fp32 or bf16 (same as --set run.precision=P; default: the run's)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
   };
   auto corpus_options = [&](CLI::App* sub) {
@@ -404,16 +431,19 @@ int main(int argc, char** argv) {
       throw Error(
           "--prompt is empty: give the text to continue (to evaluate the loss, use "
           "minimind-eval loss PATH)");
-    const int threads = use_threads(a.threads);
     const bool need_tokenizer = gen->parsed() || !a.data.empty() || !a.data_list.empty();
     EvalModel m = load_eval_model(a.path, a.config, a.tokenizer, need_tokenizer);
     spdlog::info("loaded {}", m.weights);
-    if (!a.precision.empty()) parse_choice(a.precision, m.config.run.precision);
-    const RunConfig& run = m.config.run;
-    spdlog::info("{}",
-                 configure_products(run.precision, run.matmul, run.bf16_emulation).describe());
+    std::vector<std::string> sets = a.sets;
+    if (!a.precision.empty()) sets.push_back("run.precision=" + a.precision);
+    if (a.threads >= 0) sets.push_back("run.threads=" + std::to_string(a.threads));
+    apply_run_settings(m.config, sets);
+    const ComputePlan plan = plan_compute(m.config, this_machine(), {});
+    const ComputeScope compute(plan);
+    spdlog::info("{}", plan.describe());
+    const int threads = plan.threads;
     if (analyze->parsed()) return analyze_command(a, m, threads);
     if (gen->parsed()) return generate_command(a, m);
-    return evaluate_command(a, m, threads);
+    return evaluate_command(a, m, plan);
   });
 }

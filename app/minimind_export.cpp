@@ -4,6 +4,7 @@
 #include <map>
 
 #include "command_line.h"
+#include "minimind/compute_plan.h"
 #include "minimind/error.h"
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/export/export_model.h"
@@ -42,6 +43,13 @@ int main(int argc, char** argv) {
   return minimind::run_main([&] {
     const minimind::EvalModel m = minimind::load_eval_model(path, config, tokenizer, true);
     spdlog::info("loaded {}", m.weights);
+    // No products here: the plan gives the weight conversions their threads.
+    minimind::Workload work;
+    work.products = false;
+    const minimind::ComputePlan plan =
+        minimind::plan_compute(m.config, minimind::this_machine(), work);
+    const minimind::ComputeScope compute(plan);
+    spdlog::info("{}", plan.describe());
     minimind::export_model(m, format, dtype, out, overwrite);
     const auto bytes = std::filesystem::is_directory(out) ? 0 : std::filesystem::file_size(out);
     if (format == minimind::ExportFormat::gguf)

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "command_line.h"
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 #include "minimind/data/prepare.h"
 #include "minimind/dist/distributed.h"
@@ -131,7 +132,9 @@ int main(int argc, char** argv) {
     if (prepare_only) {
       minimind::check_data_paths(cfg);
       install_stop_handlers();
-      minimind::prepare_data(cfg.data, cfg.model.vocab_size, minimind::use_threads(cfg.run.threads),
+      const minimind::ComputePlan plan = minimind::plan_compute(cfg, minimind::this_machine(), {});
+      const minimind::ComputeScope compute(plan);
+      minimind::prepare_data(cfg.data, cfg.model.vocab_size, plan.threads,
                              *spdlog::default_logger(), &g_stop);
       return 0;
     }

@@ -193,7 +193,7 @@ TEST_F(EvalTest, LongDocumentsArePredictedWholeInWindows) {
   for (const auto& layer : r.expert_counts.layers)
     EXPECT_EQ(std::accumulate(layer.begin(), layer.end(), int64_t{0}), r.tokens + r.rows);
   // MiniMind's rule: the first window, [eos] at its end; documents that fit are unchanged.
-  const EvalResult cut = evaluate(m.model, tf, S, 3, -1, nullptr, LongDocuments::truncate);
+  const EvalResult cut = evaluate(m.model, tf, S, 3, -1, LongDocuments::truncate);
   EXPECT_EQ(cut.tokens, (S - 1) + 19 + 47 + (S - 1));
   EXPECT_EQ(cut.corpus_tokens, r.corpus_tokens);
   EXPECT_EQ(cut.rows, 4);

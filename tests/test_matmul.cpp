@@ -19,20 +19,6 @@
 namespace minimind {
 namespace {
 
-// The settings of one test, restored after it.
-class Products {
- public:
-  Products(Precision p, MatmulBackend fp32) : before_(product_settings()) {
-    set_product_settings({p, fp32});
-  }
-  ~Products() { set_product_settings(before_); }
-  Products(const Products&) = delete;
-  Products& operator=(const Products&) = delete;
-
- private:
-  ProductSettings before_;
-};
-
 // The values a bf16 product sees: x rounded to bf16, as float64.
 torch::Tensor rounded(const torch::Tensor& x, Precision p) {
   return (p == Precision::bf16 ? x.to(torch::kBFloat16) : x).to(torch::kDouble);
@@ -52,12 +38,10 @@ constexpr double kFp32Accumulation = 4e-6;
 // bf16 also through its fallback (an fp32 GEMM of the rounded inputs, what a CPU without
 // AVX-512 runs): the same products up to the order of fp32 sums.
 TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
-  const int before = blas_threads();
-  for (const int threads : {1, 2}) {
-    set_blas_threads(threads);          // 2: the output split over two cores
+  for (const int threads : {1, 2}) {    // 2: the output split over two cores
     for (const int path : {0, 1, 2}) {  // fp32, bf16, bf16 through the fallback
       const Precision p = path == 0 ? Precision::fp32 : Precision::bf16;
-      const Products products(p, MatmulBackend::onednn);
+      const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, threads));
       force_bf16_gemm_fallback(path == 2);
       torch::manual_seed(3);
       struct Case {
@@ -89,12 +73,11 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
     }
   }
   force_bf16_gemm_fallback(false);
-  set_blas_threads(before);
 }
 
 TEST(Matmul, BatchedProductsAgreeWithAFloat64Product) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
-    const Products products(p, MatmulBackend::onednn);
+    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn));
     torch::manual_seed(4);
     const torch::Tensor a = torch::randn({6, 70, 16}), b = torch::randn({6, 16, 90});
     const torch::Tensor want = rounded(a, p).bmm(rounded(b, p));
@@ -172,7 +155,7 @@ TEST(Matmul, AnOptimizerStepMakesTheCopyStale) {
 TEST(Matmul, ProjectionAndAttentionProductsBackwardOnTheSamePath) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(p == Precision::bf16 ? "bf16" : "fp32 on oneDNN");
-    const Products products(p, MatmulBackend::onednn);
+    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn));
     const double tol = p == Precision::bf16 ? 2e-2 : kFp32Accumulation;
     torch::manual_seed(5);
     const torch::Tensor x0 = torch::randn({3, 50, 24}), w0 = torch::randn({40, 24});
@@ -224,19 +207,15 @@ TEST(Matmul, AutoIsDecidedByTheCpuNeverByATiming) {
   const CpuFeatures avx512 = parse_cpu_features("flags\t\t: avx2 avx512f avx512bw avx512_bf16\n");
   EXPECT_EQ(auto_matmul(avx2), MatmulBackend::openblas);
   EXPECT_EQ(auto_matmul(avx512), MatmulBackend::onednn);
-  const ProductSettings before = product_settings();
-  const ProductChoice first = configure_products(Precision::fp32, MatmulBackend::automatic, false);
+  const Config cfg;  // run.matmul: auto
+  const ComputePlan first = plan_compute(cfg, this_machine(), {});
   for (int i = 0; i < 20; ++i) {
-    const ProductChoice again =
-        configure_products(Precision::fp32, MatmulBackend::automatic, false);
-    EXPECT_EQ(again.settings.fp32, first.settings.fp32);
+    const ComputePlan again = plan_compute(cfg, this_machine(), {});
+    EXPECT_EQ(again.matmul, first.matmul);
     EXPECT_EQ(again.describe(), first.describe());
   }
-  EXPECT_EQ(first.settings.fp32, auto_matmul(cpu_features()));
-  EXPECT_NE(first.describe().find("(run.matmul auto: "), std::string::npos) << first.describe();
-  const ProductChoice pinned = configure_products(Precision::fp32, MatmulBackend::openblas, false);
-  EXPECT_EQ(pinned.reason, "");
-  set_product_settings(before);
+  EXPECT_EQ(first.matmul, auto_matmul(cpu_features()));
+  EXPECT_NE(first.describe().find("(run.matmul: auto, "), std::string::npos) << first.describe();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -395,17 +396,37 @@ TEST(MatmulPeak, OneDnnGemmIsTheProductAndEveryBackendIsMeasured) {
   }
 }
 
+// An exchange that reaches nobody: the expert-parallel tests below only shard a model
+// (a forward over it would call all_to_all).
+class NoExchange final : public ExpertExchange {
+ public:
+  NoExchange(int index, int size) : index_(index), size_(size) {}
+  int size() const override { return size_; }
+  int index() const override { return index_; }
+  torch::Tensor all_to_all(const torch::Tensor&, const std::vector<int64_t>&,
+                           const std::vector<int64_t>&, int) override {
+    throw std::logic_error("NoExchange: no other ranks");
+  }
+
+ private:
+  int index_, size_;
+};
+
 // Expert parallelism: a model holding shard 1 of 2 of the experts names the whole model's
-// parameters in the whole model's order and, seeded alike, starts from the whole model's
-// weights (every rank then trains the same model as one process would).
+// parameters in the whole model's order and, sharded after its weights are set, holds the
+// whole model's weights (every rank then trains the same model as one process would).
 TEST(ExpertShard, HoldsItsExpertsUnderGlobalNamesWithTheWholeModelsWeights) {
   ModelConfig cfg = small(true);
   torch::manual_seed(3);
   MiniMindForCausalLM whole(cfg);
   init_weights(whole);
   torch::manual_seed(3);
-  MiniMindForCausalLM part(cfg, ExpertShard{1, 2});
+  MiniMindForCausalLM part(cfg);
   init_weights(part);
+  NoExchange exchange(1, 2);
+  apply_expert_parallel(part, exchange);
+  EXPECT_EQ(part->expert_shard().index, 1);
+  EXPECT_EQ(part->expert_shard().count, 2);
 
   const std::vector<ParamSlot> slots = full_parameters(part);
   const auto names = whole->named_parameters();
@@ -437,9 +458,43 @@ TEST(ExpertShard, HoldsItsExpertsUnderGlobalNamesWithTheWholeModelsWeights) {
   const std::string path = testing::TempDir() + "/whole.pth";
   save_weights(whole, path);
   torch::manual_seed(4);
-  MiniMindForCausalLM other(cfg, ExpertShard{1, 2});
+  MiniMindForCausalLM other(cfg);
   init_weights(other);
+  apply_expert_parallel(other, exchange);
   load_weights(other, path);
   for (const auto& p : other->named_parameters())
     EXPECT_TRUE(torch::equal(p.value(), whole->named_parameters()[p.key()])) << p.key();
+}
+
+// A model is whole or a shard with the exchange that reaches the others: expert parallelism
+// that cannot split the experts evenly, a second application and a dense model are clear
+// errors, and a refused application leaves the model whole.
+TEST(ExpertShard, AShardComesWithItsExchangeOrNotAtAll) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  MiniMindForCausalLM model(small(true));  // 4 experts
+  NoExchange three(0, 3), past_the_end(2, 2), two(1, 2);
+  EXPECT_NE(message([&] { apply_expert_parallel(model, three); }).find("cannot split 4 experts"),
+            std::string::npos);
+  EXPECT_NE(message([&] { apply_expert_parallel(model, past_the_end); }).find("this one number 2"),
+            std::string::npos);
+  EXPECT_TRUE(model->expert_shard().whole());
+  EXPECT_EQ(model->model->blocks[0]->moe_mlp->expert(3)->gate_proj->weight.size(0),
+            model->config().expert_ffn_size());
+
+  apply_expert_parallel(model, two);
+  EXPECT_NE(message([&] { apply_expert_parallel(model, two); }).find("applied twice"),
+            std::string::npos);
+  EXPECT_NE(message([&] { model->model->blocks[0]->moe_mlp->expert(0); }).find("another rank"),
+            std::string::npos);
+
+  MiniMindForCausalLM dense(small(false));
+  EXPECT_NE(message([&] { apply_expert_parallel(dense, two); }).find("needs a MoE model"),
+            std::string::npos);
 }

@@ -17,6 +17,7 @@
 #include "minimind/model/routed_experts.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
+#include "support/test_support.h"
 
 using namespace minimind;
 
@@ -327,8 +328,7 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
 // expert's gradients zero, a token whose slots were all dropped gets zero. With OpenBLAS on
 // 2 threads the experts run two at once. (The golden-loss test checks the bits.)
 TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
-  const int before = blas_threads();
-  set_blas_threads(2);
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::openblas, 2));
   for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
     torch::manual_seed(12);
     const int64_t N = 12, H = 24, I = 40;
@@ -379,7 +379,6 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
       }
     }
   }
-  set_blas_threads(before);
 }
 
 // The bf16 node (run.precision: bf16) against the plain form written in fp32 with every
@@ -390,14 +389,11 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
 // gradient, which sees no rounding the plain form lacks: within 1e-4 relative. Serial (one
 // OpenBLAS thread) and side by side (two), on the bf16 GEMM and on its fallback.
 TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
-  const int before = blas_threads();
-  const ProductSettings settings = product_settings();
-  set_product_settings({Precision::bf16, MatmulBackend::onednn});
   for (const int run : {0, 1, 2}) {
     const int threads = run == 0 ? 1 : 2;
     force_bf16_gemm_fallback(run == 2);
     SCOPED_TRACE("OpenBLAS threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
-    set_blas_threads(threads);
+    const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
     torch::manual_seed(21);
     const int64_t N = 12, H = 32, I = 40;
     const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
@@ -457,6 +453,4 @@ TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
     }
   }
   force_bf16_gemm_fallback(false);
-  set_blas_threads(before);
-  set_product_settings(settings);
 }

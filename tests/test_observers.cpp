@@ -377,7 +377,7 @@ TEST(Evaluator, EvaluatesAtStartIntervalsAndEndWithTheValidationLoss) {
   init_weights(model);
   Distributed one;
   Recorder rec;
-  Evaluator evaluator(model, val, cfg, one, rec);
+  Evaluator evaluator(model, val, cfg, {&one}, rec);
   evaluator.on_start({dir, true, 1, 7, /*resumed=*/true, nullptr});
   EXPECT_TRUE(rec.evals.empty());  // a resumed run was evaluated before it stopped
   evaluator.on_start({dir, true, 1, 0, /*resumed=*/false, nullptr});

@@ -434,9 +434,7 @@ TEST(ParityEval, EvaluateEqualsReferenceLoss) {
 //    token differently (each rounds the router's input differently), gradients of the
 //    experts involved differ by that token's share, so only the loss is compared then.
 TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
-  torch::set_num_threads(1);
-  const ProductSettings before = product_settings();
-  set_product_settings({Precision::bf16, MatmulBackend::onednn});
+  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
   for (const std::string name :
        {"dense_train", "moe_top1_norm_train", "moe_top2_norm_train", "lab_minimind2"}) {
     SCOPED_TRACE(name);
@@ -522,7 +520,6 @@ TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
         "fp32 %.1e), loss %.1e, worst gradient %.1e\n",
         name.c_str(), worst_scheme, d_logits, d_ref_logits, d_loss, worst);
   }
-  set_product_settings(before);
 }
 
 // The routing analyses (vocabulary and per-expert specialisation, domain shares,

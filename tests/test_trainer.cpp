@@ -400,9 +400,9 @@ TEST(Trainer, Bf16RunResumesInBf16AndRefusesAnotherPrecision) {
   for (const auto& p : check->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
 }
 
-// run.matmul: auto on resume keeps the library the run used (state.json's "matmul"): a run
-// on OpenBLAS resumed with auto continues on OpenBLAS bit for bit, even where the probe
-// would take oneDNN.
+// run.matmul: auto on resume keeps the library the run used (state.json's plan): a run on
+// OpenBLAS resumed with auto continues on OpenBLAS bit for bit, even where auto would take
+// oneDNN (an AVX-512 CPU); the plan line says why, and the checkpoint keeps the plan.
 TEST(Trainer, ResumeWithAutoMatmulKeepsTheRunsLibrary) {
   const std::string dir = temp_dir("matmul_resume");
   const Config blas = tiny_config(dir, {"run.matmul=openblas"});
@@ -413,9 +413,11 @@ TEST(Trainer, ResumeWithAutoMatmulKeepsTheRunsLibrary) {
   first_options.out_dir = dir + "/split";
   first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
   const TrainResult first = train(blas, first_options);
-  EXPECT_NE(read_text(dir + "/split/checkpoints/step_00000003/state.json")
-                .find("\"matmul\": \"openblas\""),
-            std::string::npos);
+  const TrainState saved = read_checkpoint_state(dir + "/split/checkpoints/step_00000003");
+  ASSERT_TRUE(saved.plan);
+  EXPECT_EQ(saved.plan->matmul, MatmulBackend::openblas);
+  EXPECT_EQ(saved.plan->matmul_reason, "run.matmul: openblas");
+  EXPECT_EQ(saved.plan->threads, 1);  // tiny_config's run.threads
   Config automatic = blas;
   automatic.run.matmul = MatmulBackend::automatic;
   TrainOptions resume;
@@ -425,9 +427,14 @@ TEST(Trainer, ResumeWithAutoMatmulKeepsTheRunsLibrary) {
   std::vector<double> joined = first.step_losses;
   joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
   EXPECT_EQ(joined, full.step_losses);
-  EXPECT_NE(read_text(dir + "/split/train.log")
-                .find("run.matmul auto: fp32 products on openblas, as before the checkpoint"),
-            std::string::npos);
+  const std::string log = read_text(dir + "/split/train.log");
+  EXPECT_NE(log.find("compute plan: matrix products in fp32 on OpenBLAS (run.matmul: auto, as "
+                     "before the checkpoint)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("compute plan: matrix products in fp32 on OpenBLAS (run.matmul: openblas)"),
+            std::string::npos)
+      << log;
 }
 
 TEST(RunDirectory, ResumeRemovesAHalfWrittenCheckpoint) {

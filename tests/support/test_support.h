@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 
 namespace minimind::test {
@@ -42,6 +43,16 @@ inline std::string small_corpus(const std::string& dir, int records = 300) {
     for (int i = 0; i < records && std::getline(in, line); ++i) out << line << "\n";
   }
   return path;
+}
+
+// The compute plan a test runs under (apply it with a ComputeScope): the plan the programs
+// build on this machine for products in `precision` on `matmul` and `threads` cores
+// (OpenBLAS's, torch one). bf16 is allowed on a CPU without bf16 instructions (emulated).
+inline ComputePlan test_plan(Precision precision, MatmulBackend matmul, int threads = 1) {
+  Config c;
+  c.run.precision = precision, c.run.matmul = matmul, c.run.threads = threads;
+  c.run.bf16_emulation = true;
+  return plan_compute(c, this_machine(), {});
 }
 
 // A tiny MoE (hidden 32, 2 layers, 4 experts top-2, vocab 512) on small_corpus(dir): a run

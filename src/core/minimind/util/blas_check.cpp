@@ -91,19 +91,6 @@ bool set_blas_threads(int n) {
   return true;
 }
 
-int use_threads(int64_t requested, int64_t local_ranks) {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int n = requested > 0
-                    ? static_cast<int>(requested)
-                    : std::max(1, cores / static_cast<int>(std::max<int64_t>(1, local_ranks)));
-  if (set_blas_threads(n)) {
-    torch::set_num_threads(1);
-  } else {
-    torch::set_num_threads(n);
-  }
-  return n;
-}
-
 BlasReport check_blas(int64_t n) {
   torch::NoGradGuard no_grad;
   torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});

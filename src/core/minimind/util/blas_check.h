@@ -60,15 +60,6 @@ class OneBlasThread {
   int before_;
 };
 
-// The thread policy of every command, for `requested` cores (0 = the machine's cores
-// divided among the `local_ranks` processes of a multi-process job on it): with
-// OpenBLAS loaded, OpenBLAS gets all of them and torch's OpenMP pool one thread; with any
-// other BLAS, torch gets them. Why: matmuls are ~80 % of a step and OpenBLAS splits them
-// well, while torch's OpenMP threads spin-wait after each parallel region and take the
-// cores from OpenBLAS's threads (docs/performance.md; measured in
-// docs/benchmarks/2026-12-01-pytorch-comparison.md). Returns the number of cores used.
-int use_threads(int64_t requested, int64_t local_ranks = 1);
-
 // Below this, a matmul-bound trainer is unusable (the reference BLAS gives a few GFLOP/s).
 constexpr double kMinSaneGflops = 20.0;
 

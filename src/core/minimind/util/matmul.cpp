@@ -183,37 +183,8 @@ void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation) {
   }
 }
 
-ProductChoice configure_products(Precision precision, MatmulBackend requested,
-                                 bool bf16_emulation) {
-  ProductChoice choice;
-  const CpuFeatures cpu = cpu_features();
-  choice.cpu_flags = cpu.flags();
-  if (precision == Precision::bf16) check_bf16_cpu(cpu, bf16_emulation);
-  choice.settings.precision = precision;
-  choice.settings.fp32 = requested;
-  if (requested == MatmulBackend::automatic) {
-    choice.settings.fp32 = auto_matmul(cpu);
-    choice.reason = cpu.avx512f ? "run.matmul auto: AVX-512 CPU" : "run.matmul auto: no AVX-512";
-  }
-  set_product_settings(choice.settings);
-  return choice;
-}
-
 MatmulBackend auto_matmul(const CpuFeatures& cpu) {
   return cpu.avx512f ? MatmulBackend::onednn : MatmulBackend::openblas;
-}
-
-std::string ProductChoice::describe() const {
-  std::ostringstream out;
-  const char* fp32 = settings.fp32 == MatmulBackend::onednn ? "oneDNN" : "OpenBLAS";
-  if (settings.precision == Precision::bf16)
-    out << "matrix products in bf16 on oneDNN (fp32 accumulation; the router's in fp32 on " << fp32
-        << ")";
-  else
-    out << "matrix products in fp32 on " << fp32;
-  if (!reason.empty()) out << " (" << reason << ")";
-  out << "; CPU " << cpu_flags;
-  return out.str();
 }
 
 bool bf16_gemm_native() {

@@ -1,15 +1,16 @@
 // The one home of the model's matrix products below autograd: which library runs them
 // (OpenBLAS through ATen, or oneDNN), in which precision, on how many cores.
 //
-// fp32 products run on the library `configure_products` chose (run.matmul; "auto" decides
-// from the CPU's instruction sets, never from a timing: auto_matmul). bf16 products round both
-// inputs to bfloat16 and run on oneDNN's matmul with an fp32 destination: every sum accumulates in
-// fp32, and the result is fp32 (PyTorch's autocast rounds it to bf16 as well; docs/precision.md).
+// fp32 products run on the library the compute plan chose (compute_plan.h; run.matmul "auto"
+// decides from the CPU's instruction sets, never from a timing: auto_matmul). bf16 products round
+// both inputs to bfloat16 and run on oneDNN's matmul with an fp32 destination: every sum
+// accumulates in fp32, and the result is fp32 (PyTorch's autocast rounds it to bf16 as well;
+// docs/precision.md).
 //
 // Cores: OpenBLAS splits its own products over the cores it has. For oneDNN this file splits
 // a product's output rows (or columns) over the same cores (run_blas_tasks), each part on one
 // thread, because torch's OpenMP pool, which oneDNN would use, has one thread by the tool's
-// thread policy (blas_check.h). Inside a task (an expert, a shard) a product runs on its
+// thread policy (compute_plan.h). Inside a task (an expert, a shard) a product runs on its
 // task's core.
 #pragma once
 
@@ -29,27 +30,14 @@ struct ProductSettings {
   MatmulBackend fp32 = MatmulBackend::openblas;  // resolved: openblas or onednn
 };
 
-// What configure_products decided, for the log and the benchmark.
-struct ProductChoice {
-  ProductSettings settings;
-  std::string reason;     // why run.matmul auto chose the library ("" when not auto)
-  std::string cpu_flags;  // CpuFeatures::flags()
-  // "matrix products in fp32 on oneDNN (run.matmul auto: AVX-512 CPU); CPU avx2 avx512f
-  // avx512_bf16", for the log.
-  std::string describe() const;
-};
-
-// This process's settings (default: fp32 on OpenBLAS).
+// This process's settings (default: fp32 on OpenBLAS). Set by a ComputeScope
+// (compute_plan.h), nothing else.
 const ProductSettings& product_settings();
 void set_product_settings(const ProductSettings& settings);
 
 // Throws ConfigError (naming run.precision, the CPU and what emulation costs) when `cpu`
 // has no bf16 instructions, unless `bf16_emulation`.
 void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation);
-
-// Resolves run.matmul (auto: auto_matmul) and checks bf16 against this CPU
-// (check_bf16_cpu). Sets and returns the settings.
-ProductChoice configure_products(Precision precision, MatmulBackend requested, bool bf16_emulation);
 
 // What run.matmul auto means on a CPU: oneDNN where it has AVX-512, OpenBLAS elsewhere. A
 // rule on what does not change between runs, never a timing: a start-up probe of both

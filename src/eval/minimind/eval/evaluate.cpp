@@ -29,8 +29,9 @@ std::vector<EvalWindow> eval_windows(const TokenFile& docs, int64_t n, int64_t m
 }
 
 EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs, Distributed* dist,
-                    LongDocuments long_documents) {
+                    int64_t batch_size, int64_t max_docs, LongDocuments long_documents,
+                    const ParallelContext& parallel) {
+  Distributed* dist = parallel.job;
   const bool was_training = model->is_training();
   model->eval();
   // Inference mode: no autograd bookkeeping (version counters, view tracking) on any op.

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "minimind/data/token_file.h"
-#include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/expert_counts.h"
+#include "minimind/run/parallel_context.h"
 
 namespace minimind {
 
@@ -47,11 +47,12 @@ std::vector<EvalWindow> eval_windows(const TokenFile& docs, int64_t n, int64_t m
 
 // The loss is summed over rows and divided by the number of predicted positions, so the
 // batch size does not change it. Runs in eval mode without gradients and restores the
-// model's mode. max_docs < 0: all documents. With `dist` (several ranks), rank r
+// model's mode. max_docs < 0: all documents. With several ranks (`parallel.job`), rank r
 // evaluates batches r, r + world, ... and the sums are taken over all ranks: every rank
 // returns the result of the whole set.
 EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs = -1, Distributed* dist = nullptr,
-                    LongDocuments long_documents = LongDocuments::windows);
+                    int64_t batch_size, int64_t max_docs = -1,
+                    LongDocuments long_documents = LongDocuments::windows,
+                    const ParallelContext& parallel = {});
 
 }  // namespace minimind

@@ -7,13 +7,13 @@
 
 namespace minimind {
 
-MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, ExpertShard shard) {
+MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
   self_attn = register_module("self_attn", Attention(cfg));
   input_layernorm = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   if (cfg.use_moe) {
-    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, shard)));
+    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg)));
   } else {
     dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size()));
   }
@@ -33,32 +33,35 @@ BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTable
   return {h + dense_mlp(normed), {}};
 }
 
-MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg, ExpertShard shard)
-    : dropout(cfg.dropout) {
+MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
   embed_tokens =
       register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    blocks.emplace_back(cfg, shard);
+    blocks.emplace_back(cfg);
     layers->push_back(blocks.back());
   }
   norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   rope = make_rotary_tables(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta);
 }
 
-MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg, ExpertShard shard)
-    : cfg_(cfg), shard_(cfg.use_moe ? shard : ExpertShard{}) {
-  model = register_module("model", MiniMindModel(cfg, shard_));
+MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  model = register_module("model", MiniMindModel(cfg));
   if (!cfg.tie_word_embeddings) {
     lm_head = register_module("lm_head", linear_no_bias(cfg.hidden_size, cfg.vocab_size));
   }
 }
 
-void MiniMindForCausalLMImpl::set_expert_exchange(ExpertExchange* exchange) {
-  TORCH_CHECK(!exchange || exchange->size() == shard_.count, "an exchange over ",
-              exchange ? exchange->size() : 0, " ranks for experts in ", shard_.count, " shards");
-  for (auto& block : model->blocks)
-    if (block->moe_mlp) block->moe_mlp->set_exchange(exchange);
+ExpertShard MiniMindForCausalLMImpl::expert_shard() const {
+  for (const auto& block : model->blocks)
+    if (block->moe_mlp) return block->moe_mlp->shard();
+  return {};
+}
+
+void apply_expert_parallel(MiniMindForCausalLM& model, ExpertExchange& exchange) {
+  TORCH_CHECK(model->config().use_moe, "expert parallelism needs a MoE model (model.use_moe)");
+  for (auto& block : model->model->blocks)
+    if (block->moe_mlp) block->moe_mlp->keep_expert_shard(exchange);
 }
 
 torch::Tensor MiniMindForCausalLMImpl::lm_head_weight() const {
@@ -138,7 +141,7 @@ std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_weights() const {
 
 std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model) {
   const int64_t E = model->config().num_experts;
-  const ExpertShard& shard = model->expert_shard();
+  const ExpertShard shard = model->expert_shard();
   std::vector<ParamSlot> out;
   // A routed expert's parameter is named PREFIX.experts.ID.REST; the experts of a layer come
   // one after another, so the held ones are replaced, at the first, by all E in order.

@@ -24,7 +24,7 @@ struct BlockOutput {
 // h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
-  explicit MiniMindBlockImpl(const ModelConfig& cfg, ExpertShard shard = {});
+  explicit MiniMindBlockImpl(const ModelConfig& cfg);
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
   BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
@@ -40,7 +40,7 @@ TORCH_MODULE(MiniMindBlock);
 
 class MiniMindModelImpl : public torch::nn::Module {
  public:
-  explicit MiniMindModelImpl(const ModelConfig& cfg, ExpertShard shard = {});
+  explicit MiniMindModelImpl(const ModelConfig& cfg);
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -85,8 +85,8 @@ struct ForwardOutput {
 
 class MiniMindForCausalLMImpl : public torch::nn::Module {
  public:
-  // shard: the routed experts this process holds (expert parallelism; all by default).
-  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg, ExpertShard shard = {});
+  // The whole model; apply_expert_parallel then keeps a shard of the routed experts.
+  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg);
 
   // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional). With the
   // global aux scope, a training forward's aux loss is completed by GlobalAuxScope.
@@ -106,18 +106,23 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   torch::Tensor lm_head_weight() const;
 
   const ModelConfig& config() const { return cfg_; }
-  const ExpertShard& expert_shard() const { return shard_; }
-  // Expert parallelism: every MoE layer exchanges rows over `exchange` (nullptr: none).
-  void set_expert_exchange(ExpertExchange* exchange);
+  // The routed experts this process holds (every MoE layer holds the same shard).
+  ExpertShard expert_shard() const;
 
   MiniMindModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // only when !tie_word_embeddings
 
  private:
   ModelConfig cfg_;
-  ExpertShard shard_;
 };
 TORCH_MODULE(MiniMindForCausalLM);
+
+// Expert parallelism, applied from outside the model as one step after it is built (and its
+// weights set): every MoE layer keeps shard exchange.index() of exchange.size() of its
+// routed experts and exchanges token rows over `exchange` (keep_expert_shard). A model is
+// whole or a shard with its exchange, never a shard without one. Throws c10::Error for a
+// dense model, a shard count that does not divide the experts, or a model already sharded.
+void apply_expert_parallel(MiniMindForCausalLM& model, ExpertExchange& exchange);
 
 // The whole model's parameters in named_parameters() order, whichever experts this process
 // holds: a slot per parameter with its name and shape, and the tensor when held here

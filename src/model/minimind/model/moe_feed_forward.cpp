@@ -18,19 +18,11 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
     if (opt_.balancing.bias_rate > 0)
       bias_ = gate->register_buffer("e_score_correction_bias", torch::zeros({num_experts_}));
   }
-  TORCH_CHECK(opt_.shard.count >= 1 && num_experts_ % opt_.shard.count == 0 &&
-                  opt_.shard.index >= 0 && opt_.shard.index < opt_.shard.count,
-              "expert shard ", opt_.shard.index, " of ", opt_.shard.count, " does not divide ",
-              num_experts_, " experts");
+  TORCH_CHECK(opt_.shard.whole(), "a MoE layer is built whole (keep_expert_shard shards it)");
   experts = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < num_experts_; ++e) {
-    // Another rank's expert is built and dropped all the same: building draws from torch's
-    // generator (LibTorch's default initialisation), which must end where the whole
-    // model's building leaves it.
-    FeedForward expert(opt_.hidden_size, opt_.expert_ffn_size);
-    if (!opt_.shard.holds(e, num_experts_)) continue;
-    expert_list_.push_back(expert);
-    experts->register_module(std::to_string(e), expert);
+    expert_list_.emplace_back(opt_.hidden_size, opt_.expert_ffn_size);
+    experts->register_module(std::to_string(e), expert_list_.back());
   }
   if (opt_.shared_experts > 0) {
     shared_experts = register_module("shared_experts", torch::nn::ModuleList());
@@ -39,6 +31,26 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
       shared_experts->push_back(shared_list_.back());
     }
   }
+}
+
+void MOEFeedForwardImpl::keep_expert_shard(ExpertExchange& exchange) {
+  const ExpertShard shard{exchange.index(), exchange.size()};
+  TORCH_CHECK(opt_.shard.whole() && !exchange_, "expert parallelism applied twice: this layer ",
+              "already holds shard ", opt_.shard.index, " of ", opt_.shard.count);
+  TORCH_CHECK(shard.count >= 1 && num_experts_ % shard.count == 0 && shard.index >= 0 &&
+                  shard.index < shard.count,
+              "expert parallelism over ", shard.count, " ranks (this one number ", shard.index,
+              ") cannot split ", num_experts_, " experts evenly");
+  std::vector<FeedForward> kept;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    if (shard.holds(e, num_experts_))
+      kept.push_back(expert_list_[static_cast<size_t>(e)]);
+    else
+      experts->unregister_module(std::to_string(e));
+  }
+  expert_list_ = std::move(kept);
+  opt_.shard = shard;
+  exchange_ = &exchange;
 }
 
 FeedForward MOEFeedForwardImpl::expert(int64_t e) const {

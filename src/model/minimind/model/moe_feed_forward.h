@@ -65,10 +65,12 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // The selection bias [E] (float32); undefined unless router_bias_update_rate > 0.
   torch::Tensor bias() const { return bias_; }
 
-  // Expert parallelism: the other ranks holding this layer's experts (set when the shard
-  // is not the whole; nullptr otherwise). Training and evaluation forwards then exchange
-  // rows with them, so every rank of the group must run the same forwards in step.
-  void set_exchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  // Expert parallelism (apply_expert_parallel): keeps only the routed experts of shard
+  // exchange.index() of exchange.size(), with the weights they have, and from then on
+  // exchanges rows over `exchange`, so every rank of the group must run the same forwards in
+  // step. The shard and its exchange are set together: a layer holds all its experts, or a
+  // shard and the exchange that reaches the others. Once per layer.
+  void keep_expert_shard(ExpertExchange& exchange);
   const ExpertShard& shard() const { return opt_.shard; }
   // Routed expert e (a global id this process holds).
   FeedForward expert(int64_t e) const;

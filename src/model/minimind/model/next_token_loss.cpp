@@ -13,7 +13,7 @@ constexpr int64_t kIgnore = -100;
 
 // f(first row, rows) over [0, rows) in blocks of 512 rows, the blocks spread over the cores
 // (run_blas_tasks): the log-softmax over 6,400 words and its backward's exp are the
-// largest single-threaded ops of a step (torch runs one intra-op thread, see use_threads).
+// largest single-threaded ops of a step (torch runs one intra-op thread, see compute_plan.h).
 // Measured on the 2-core VM (minimind-bench --preset dense --profile): the backward 17 ->
 // 10 ms; the log-softmax ~31 ms either way (two blocks at once each ran at half the speed
 // of one alone: this VM's two cores share more than they should; a real pair would halve it).

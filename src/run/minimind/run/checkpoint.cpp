@@ -209,9 +209,10 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file,
-                            ExpertParallel* ep) {
+                            const ParallelContext& parallel) {
   std::optional<WholeModel> whole;
   if (!model->expert_shard().whole()) {
+    ExpertParallel* ep = parallel.experts;
     TORCH_CHECK(ep, "save_checkpoint: a model holding some of the experts needs its group");
     whole = gather_whole_model(model, optimizer, *ep);  // a collective of the first group
     if (!ep->job().is_main()) return {};
@@ -254,6 +255,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                         {"config", state.config_yaml},
                         {"matmul", state.matmul},
                         {"monitor", state.monitor}};
+    if (state.plan) j["plan"] = state.plan->to_json();
     // The other files are zip archives with a CRC per entry; this one carries its own: the
     // CRC-32 of its text without this field (nlohmann writes an object's keys sorted, so the
     // reader can write that text again).
@@ -359,6 +361,15 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
   if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) s.matmul = *m;
+  if (const auto p = j.find("plan"); p != j.end()) {
+    try {
+      s.plan = ComputePlan::from_json(*p);
+    } catch (const ConfigError& e) {
+      throw CheckpointError("checkpoint state '" + file + "': " + e.what(),
+                            "the file was changed by hand; delete this checkpoint to resume "
+                            "from the one before");
+    }
+  }
   if (s.step < 0 || s.tokens < 0 || s.loader_rows < -1 || !(s.elapsed_seconds >= 0))
     throw CheckpointError("checkpoint state '" + file + "' holds a negative count",
                           "the file was changed by hand; delete this checkpoint to resume from "

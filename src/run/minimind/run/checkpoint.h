@@ -11,10 +11,11 @@
 #include <optional>
 #include <string>
 
+#include "minimind/compute_plan.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/error.h"
 #include "minimind/model/minimind_model.h"
-#include "minimind/run/expert_parallel.h"
+#include "minimind/run/parallel_context.h"
 
 namespace minimind {
 
@@ -37,6 +38,9 @@ struct TrainState {
   // written before it was kept): a resumed run with run.matmul: auto keeps it, so that it
   // continues bit for bit on a CPU where auto means the other one.
   std::string matmul;
+  // The compute plan the run trained with (compute_plan.h; none in checkpoints written
+  // before it was kept): a resumed run says what changed.
+  std::optional<ComputePlan> plan;
   // The monitors' state (a log interval's partial sums, collapse streaks), so that a resumed
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a
   // checkpoint predates it (the monitors then start afresh).
@@ -79,13 +83,13 @@ RunDirectory open_run_directory(const std::string& path, bool resume, bool overw
 
 // Writes checkpoints/step_<step>/ under run_dir and deletes all but the newest `keep`.
 // `after_file` (tests) is called after each file is written, to simulate a crash. A model
-// holding some of the experts (expert parallelism, `ep`): every rank of the first expert
-// group calls it, the experts are gathered on the job's rank 0, which writes the whole
-// model's checkpoint; the others return "".
+// holding some of the experts (expert parallelism, `parallel.experts`): every rank of the
+// first expert group calls it, the experts are gathered on the job's rank 0, which writes
+// the whole model's checkpoint; the others return "".
 std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalLM& model,
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file = {},
-                            ExpertParallel* ep = nullptr);
+                            const ParallelContext& parallel = {});
 
 // Every checkpoint directory under run_dir with all its files, oldest first: (step, path).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);

@@ -58,12 +58,13 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-std::vector<VariantSpeed> compare_variants(const Config& base,
-                                           const std::vector<std::string>& specs, int steps,
-                                           int warmup, int threads) {
+std::vector<VariantSpeed> compare_variants(
+    const Config& base, const std::vector<std::string>& specs, int steps, int warmup,
+    const std::function<ComputePlan(const Config&)>& plan_for) {
   struct Variant {
     std::string name;
     Config cfg;
+    ComputePlan plan;
     MiniMindForCausalLM model{nullptr};
     std::unique_ptr<torch::optim::AdamW> opt;
     std::vector<double> seconds;
@@ -82,6 +83,7 @@ std::vector<VariantSpeed> compare_variants(const Config& base,
     for (std::string set; std::getline(sets, set, ',');)
       if (!set.empty()) apply_override(v.cfg, set);
     for (const auto& w : validate_and_resolve(v.cfg)) spdlog::warn("{}: {}", v.name, w);
+    v.plan = plan_for(v.cfg);
     torch::manual_seed(0);
     v.model = MiniMindForCausalLM(v.cfg.model);
     init_weights(v.model);
@@ -95,7 +97,8 @@ std::vector<VariantSpeed> compare_variants(const Config& base,
     for (auto& v : variants) {
       StepOptions so;
       so.grad_clip = v.cfg.train.grad_clip, so.lr = v.cfg.train.learning_rate;
-      so.shards = batch_shards(v.cfg.model, B, threads);
+      so.shards = v.plan.shards;
+      const ComputeScope compute(v.plan);
       const Stopwatch clock;
       optimizer_step(
           v.model, *v.opt,
@@ -109,6 +112,7 @@ std::vector<VariantSpeed> compare_variants(const Config& base,
   for (const auto& v : variants) {
     VariantSpeed r;
     r.name = v.name;
+    r.plan = v.plan;
     r.step_seconds = median(v.seconds);
     r.tok_s = static_cast<double>(B * T) / r.step_seconds;
     r.gflops = r.tok_s * flops_per_token(v.cfg.model, T) / 1e9;

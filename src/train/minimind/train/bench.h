@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 
 namespace minimind {
@@ -28,13 +30,16 @@ double median(std::vector<double> v);
 // Several configs trained in one process, one step of each in turn, so that the machine's
 // speed drifting (a shared VM moves by tens of percent over seconds) hits every variant
 // alike. specs: "NAME:section.key=value,..." applied to `base`, which runs first as "default".
+// Each variant computes by its own plan (plan_for its config; run.precision and run.matmul
+// may differ between variants), applied around each of its steps.
 struct VariantSpeed {
   std::string name;
+  ComputePlan plan;
   double step_seconds = 0;  // median
   double tok_s = 0, gflops = 0;
 };
-std::vector<VariantSpeed> compare_variants(const Config& base,
-                                           const std::vector<std::string>& specs, int steps,
-                                           int warmup, int threads);
+std::vector<VariantSpeed> compare_variants(
+    const Config& base, const std::vector<std::string>& specs, int steps, int warmup,
+    const std::function<ComputePlan(const Config&)>& plan_for);
 
 }  // namespace minimind

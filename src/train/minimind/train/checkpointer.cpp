@@ -31,7 +31,7 @@ void Checkpointer::on_step_end(const StepInfo& s, bool last) {
   snapshot.monitor = nlohmann::json::object();
   out_.save_state(snapshot.monitor);
   const std::string dir =
-      save_checkpoint(run_dir_, model_, optimizer_, snapshot, cfg_.keep_checkpoints, {}, ep_);
+      save_checkpoint(run_dir_, model_, optimizer_, snapshot, cfg_.keep_checkpoints, {}, parallel_);
   if (!dir.empty()) out_.on_checkpoint({s.step, dir});  // "": another rank wrote it
 }
 

@@ -17,14 +17,14 @@ class Checkpointer : public Observer {
   // state: the loop's TrainState (read at each save; its elapsed time is the run's).
   Checkpointer(MiniMindForCausalLM model, torch::optim::AdamW& optimizer, const TrainState& state,
                std::string run_dir, const TrainConfig& cfg, Observer& out,
-               ExpertParallel* ep = nullptr)
+               const ParallelContext& parallel = {})
       : model_(std::move(model)),
         optimizer_(optimizer),
         state_(state),
         run_dir_(std::move(run_dir)),
         cfg_(cfg),
         out_(out),
-        ep_(ep) {}
+        parallel_(parallel) {}
   void on_step_end(const StepInfo& s, bool last) override;
 
  private:
@@ -34,7 +34,7 @@ class Checkpointer : public Observer {
   std::string run_dir_;
   const TrainConfig& cfg_;
   Observer& out_;
-  ExpertParallel* ep_;
+  ParallelContext parallel_;
 };
 
 }  // namespace minimind

@@ -7,7 +7,8 @@ namespace minimind {
 
 void Evaluator::evaluate_at(int64_t step, int64_t tokens) {
   const Stopwatch clock;
-  EvalResult ev = evaluate(model_, val_, cfg_.data.max_seq_len, cfg_.train.batch_size, -1, &dist_);
+  EvalResult ev = evaluate(model_, val_, cfg_.data.max_seq_len, cfg_.train.batch_size, -1,
+                           LongDocuments::windows, parallel_);
   EvalInfo info;
   info.record = {step, tokens, ev.loss, ev.ppl, ev.tokens};
   info.counts = std::move(ev.expert_counts);

@@ -5,17 +5,17 @@
 
 #include "minimind/config.h"
 #include "minimind/data/token_file.h"
-#include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/run/parallel_context.h"
 #include "minimind/train/observer.h"
 
 namespace minimind {
 
 class Evaluator : public Observer {
  public:
-  Evaluator(MiniMindForCausalLM model, const TokenFile& val, const Config& cfg, Distributed& dist,
-            Observer& out)
-      : model_(std::move(model)), val_(val), cfg_(cfg), dist_(dist), out_(out) {}
+  Evaluator(MiniMindForCausalLM model, const TokenFile& val, const Config& cfg,
+            const ParallelContext& parallel, Observer& out)
+      : model_(std::move(model)), val_(val), cfg_(cfg), parallel_(parallel), out_(out) {}
   void on_start(const RunStart& s) override {
     if (!s.resumed) evaluate_at(s.step, 0);
   }
@@ -32,7 +32,7 @@ class Evaluator : public Observer {
   MiniMindForCausalLM model_;
   const TokenFile& val_;
   const Config& cfg_;
-  Distributed& dist_;
+  ParallelContext parallel_;
   Observer& out_;
   double first_loss_ = 0, last_loss_ = 0;
 };

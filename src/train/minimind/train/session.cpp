@@ -112,10 +112,11 @@ void check_ranks_agree(const Config& cfg, Distributed& dist) {
 // Every rank must split the experts alike and train the same number of shards (each shard
 // exchanges over connections of its own): a difference is refused on every rank before
 // anything is trained. Then the expert groups are formed.
-void set_up_expert_parallel(TrainSession& s, const Config& cfg, Distributed& dist) {
-  const int64_t n = cfg.run.expert_parallel;
+void set_up_expert_parallel(TrainSession& s, Distributed& dist) {
+  const int64_t n = s.plan.expert_parallel;
+  const int64_t shards = s.plan.shards;
   if (dist.world_size() > 1) {
-    torch::Tensor v = torch::tensor({n, -n, int64_t{s.shards}, -int64_t{s.shards}});  // [4]
+    torch::Tensor v = torch::tensor({n, -n, shards, -shards});  // [4]
     dist.all_reduce_max(v);
     const int64_t* m = v.data_ptr<int64_t>();
     if (m[0] != n || -m[1] != n)
@@ -124,19 +125,36 @@ void set_up_expert_parallel(TrainSession& s, const Config& cfg, Distributed& dis
               "run.expert_parallel differs between the ranks (from {} to {}; rank {} has {})",
               -m[1], m[0], dist.rank(), n),
           "give every rank the same config and --set options");
-    if (n > 1 && (m[2] != s.shards || -m[3] != s.shards))
+    if (n > 1 && (m[2] != shards || -m[3] != shards))
       throw ConfigError(
           fmt::format("with run.expert_parallel the ranks must train the same number of "
                       "micro-batch shards (from {} to {}; rank {} has {})",
-                      -m[3], m[2], dist.rank(), s.shards),
+                      -m[3], m[2], dist.rank(), shards),
           "give every rank the same run.threads (or LOCAL_WORLD_SIZE)");
   }
-  if (n <= 1) return;
-  if (dist.world_size() % n != 0)
-    throw ConfigError(fmt::format("run.expert_parallel = {} does not divide the job's {} ranks", n,
-                                  dist.world_size()),
-                      "use a divisor of WORLD_SIZE: the ranks form expert groups of that size");
-  s.ep = std::make_unique<ExpertParallel>(dist, static_cast<int>(n), s.shards);
+  if (n > 1) s.ep = std::make_unique<ExpertParallel>(dist, static_cast<int>(n), s.plan.shards);
+  s.parallel = {&dist, s.ep.get()};
+}
+
+// The plan's fp32 library, where the plan alone cannot decide it: a resumed run with
+// run.matmul auto keeps the library its checkpoint used (a checkpoint moved to another CPU
+// keeps its numbers), and every rank of a job takes rank 0's (ranks on hosts of another CPU
+// would resolve auto otherwise, and ranks on two libraries would round their products
+// differently).
+void settle_matmul(TrainSession& s, const Config& cfg, const std::optional<TrainState>& saved,
+                   Distributed& dist) {
+  MatmulBackend before{};
+  if (saved && cfg.run.matmul == MatmulBackend::automatic &&
+      parse_choice(saved->plan ? std::string(name_of(saved->plan->matmul)) : saved->matmul,
+                   before) &&
+      before != MatmulBackend::automatic)
+    s.plan = with_matmul(s.plan, before, "run.matmul: auto, as before the checkpoint");
+  if (dist.world_size() > 1) {
+    torch::Tensor choice = torch::tensor({static_cast<int64_t>(s.plan.matmul)});  // [1]
+    dist.broadcast_from_main({choice});
+    const auto main_choice = static_cast<MatmulBackend>(choice.item<int64_t>());
+    if (main_choice != s.plan.matmul) s.plan = with_matmul(s.plan, main_choice, "rank 0's");
+  }
 }
 
 void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFlag* stop) {
@@ -146,16 +164,17 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   const std::string config_yaml = config_to_yaml(cfg);  // config.yaml and every checkpoint
 
   int64_t saved_batch_size = 0;  // of the checkpoint's run: converts an older data position
-  MatmulBackend matmul = cfg.run.matmul;
+  std::optional<TrainState> saved;
   if (s.run.checkpoint) {
-    const TrainState saved = read_checkpoint_state(*s.run.checkpoint);
-    saved_batch_size = check_resumed_config(cfg, saved, *s.run.checkpoint, run_dir, log);
-    // run.matmul: auto continues on the library the run used (a run of an older version
-    // chose by timing; a checkpoint moved to another CPU keeps its numbers).
-    if (matmul == MatmulBackend::automatic && parse_choice(saved.matmul, matmul) &&
-        matmul != MatmulBackend::automatic)
-      log.info("run.matmul auto: fp32 products on {}, as before the checkpoint", saved.matmul);
+    saved = read_checkpoint_state(*s.run.checkpoint);
+    saved_batch_size = check_resumed_config(cfg, *saved, *s.run.checkpoint, run_dir, log);
   }
+  settle_matmul(s, cfg, saved, dist);
+  s.compute.emplace(s.plan);
+  if (main_rank) log.info("{}", s.plan.describe());
+  if (saved && saved->plan)
+    for (const auto& d : s.plan.differences(*saved->plan))
+      log.info("compute plan changed since the checkpoint: {}", d);
   if (main_rank) write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_yaml);
 
   // Data, prepared once and cached by content: rank 0 prepares, the others then find it in
@@ -168,9 +187,9 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   const bool keeps_tokenizer =
       s.run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
   if (keeps_tokenizer) data.tokenizer = own_tokenizer.string();
-  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log, stop);
+  if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.plan.threads, log, stop);
   dist.barrier();
-  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.threads, log, stop);
+  if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.plan.threads, log, stop);
   if (main_rank && !keeps_tokenizer)
     fs::copy_file(prepared->tokenizer_path, own_tokenizer, fs::copy_options::overwrite_existing);
   s.train_tokens = TokenFile::open(prepared->train_path);
@@ -183,18 +202,6 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
 
-  ProductChoice products = configure_products(cfg.run.precision, matmul, cfg.run.bf16_emulation);
-  if (dist.world_size() > 1) {
-    // Every rank takes rank 0's fp32 library: ranks on hosts of another CPU would resolve
-    // run.matmul: auto otherwise, and ranks on two libraries would round their products
-    // differently.
-    torch::Tensor choice = torch::tensor({static_cast<int64_t>(products.settings.fp32)});  // [1]
-    dist.broadcast_from_main({choice});
-    const auto main_choice = static_cast<MatmulBackend>(choice.item<int64_t>());
-    if (main_choice != products.settings.fp32)
-      products = configure_products(cfg.run.precision, main_choice, cfg.run.bf16_emulation);
-  }
-  if (main_rank) log.info("{}", products.describe());
   if (const std::string allocator = allocator_name(); allocator != "tcmalloc" && main_rank)
     log.warn(
         "memory allocator: {}, not the tcmalloc the programs link (docs/performance.md): "
@@ -216,16 +223,17 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   // Model and optimizer, fresh or from the checkpoint. The seed drives the initial weights
   // (torch's default generator, whose state the checkpoints carry).
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-  s.model = MiniMindForCausalLM(cfg.model, s.ep ? s.ep->shard() : ExpertShard{});
-  if (s.ep) s.model->set_expert_exchange(s.ep.get());
+  // The whole model, then (expert parallelism) this rank's shard of the experts: every rank
+  // starts from the same whole-model weights.
+  s.model = MiniMindForCausalLM(cfg.model);
   init_weights(s.model);
+  if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
+  if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
   s.state.config_yaml = config_yaml;
-  s.state.matmul = name_of(products.settings.fp32);
+  s.state.plan = s.plan;
+  s.state.matmul = name_of(s.plan.matmul);
   if (s.run.checkpoint) {
-    s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
-    s.state.config_yaml = config_yaml;
-    s.state.matmul = name_of(products.settings.fp32);
     // The position is stored in rows of the global stream: continue at the first row not
     // yet drawn, whatever the rank count and batch size now.
     const int64_t rows_per_batch = cfg.train.batch_size * dist.world_size();
@@ -251,18 +259,14 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   const ModelConfig& m = cfg.model;
   log.info(
       "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
-      "{} threads{}{}{}, BLAS {:.0f} GFLOP/s",
+      "BLAS {:.0f} GFLOP/s{}",
       m.num_hidden_layers, m.hidden_size,
       m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                 : std::string("dense"),
-      n.total / 1e6, n.active / 1e6, s.threads,
-      dist.world_size() > 1 ? fmt::format(" per rank x {} ranks", dist.world_size()) : "",
-      s.ep ? fmt::format(", experts spread over {} ranks per group ({} of {} per rank)",
+      n.total / 1e6, n.active / 1e6, blas.gflops,
+      s.ep ? fmt::format("; experts spread over {} ranks per group ({} of {} per rank)",
                          s.ep->size(), m.num_experts / s.ep->size(), m.num_experts)
-           : std::string(),
-      s.shards > 1 ? fmt::format(" (each micro-batch in {} shards side by side)", s.shards)
-                   : std::string(),
-      blas.gflops);
+           : std::string());
 }
 
 }  // namespace
@@ -274,10 +278,11 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   // Before --overwrite empties the run directory: what can be known wrong now.
   check_data_paths(cfg);
   check_model_fits_memory(cfg.model, /*training=*/true);
-  s->threads = use_threads(cfg.run.threads, dist.env().local_world_size);
-  s->shards = batch_shards(cfg.model, cfg.train.batch_size, s->threads);
   check_ranks_agree(cfg, dist);  // refusals here leave the run directory alone
-  set_up_expert_parallel(*s, cfg, dist);
+  s->plan =
+      plan_compute(cfg, this_machine(),
+                   {true, cfg.train.batch_size, dist.world_size(), dist.env().local_world_size});
+  set_up_expert_parallel(*s, dist);
   s->run = open_run_directory(run_dir, resume, overwrite, dist,
                               {cfg.data.train, cfg.data.val, cfg.data.tokenizer});
   make_run_loggers(*s, run_dir, resume, dist.rank());

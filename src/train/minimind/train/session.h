@@ -9,13 +9,14 @@
 #include <optional>
 #include <string>
 
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 #include "minimind/data/batcher.h"
 #include "minimind/data/token_file.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/checkpoint.h"
-#include "minimind/run/expert_parallel.h"
+#include "minimind/run/parallel_context.h"
 #include "minimind/util/stop_flag.h"
 
 namespace minimind {
@@ -28,14 +29,18 @@ struct TrainSession {
   // run_dir/train.log alone (rank 0; null elsewhere): the fatal error of a failed run goes
   // here, while the main prints it on the console.
   std::shared_ptr<spdlog::logger> file_log;
-  int threads = 1;
-  int shards = 1;  // each micro-batch in this many shards side by side (batch_shards)
+  // How this process computes (precision, library, threads, shards, expert parallelism),
+  // decided once from the config and the machine; `compute` applies it for the session's
+  // life (the trainer's loop runs inside it).
+  ComputePlan plan;
+  std::optional<ComputeScope> compute;
   TokenFile train_tokens;
   std::optional<TokenFile> val_tokens;  // none when there is no validation split
   std::optional<BatchSampler> sampler;  // draws from train_tokens, positioned to continue
   // Expert parallelism (run.expert_parallel > 1): the expert groups; the model holds this
   // rank's shard of the experts and exchanges rows over it. Null otherwise.
   std::unique_ptr<ExpertParallel> ep;
+  ParallelContext parallel;  // the job's ranks and `ep`
   MiniMindForCausalLM model{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   TrainState state;  // fresh, or restored from run.checkpoint
@@ -43,10 +48,10 @@ struct TrainSession {
 
 // Opens (or resumes) the run in run_dir: checks a resumed run's config against its
 // checkpoint (a different model is a CheckpointError naming the keys), writes config.yaml,
-// sets the thread policy and the seed, prepares the data (rank 0 first, the others then
-// find it in the cache), builds or restores model, optimizer and data position, and gives
-// every rank rank 0's weights. Not movable: the sampler refers to train_tokens. A request
-// on `stop` during data preparation throws Interrupted.
+// decides and applies the compute plan (compute_plan.h), sets the seed, prepares the data (rank 0
+// first, the others then find it in the cache), builds or restores model, optimizer and data
+// position, and gives every rank rank 0's weights. Not movable: the sampler refers to train_tokens.
+// A request on `stop` during data preparation throws Interrupted.
 std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string& run_dir,
                                            bool resume, bool overwrite, Distributed& dist,
                                            const StopFlag* stop = nullptr);

@@ -223,17 +223,10 @@ class ShardedMicroBatches {
 
 }  // namespace
 
-int batch_shards(const ModelConfig& model, int64_t batch_size, int threads) {
-  if (threads < 2 || batch_size < 2) return 1;
-  if (model.dropout > 0) return 1;  // masks drawn from torch's one generator, in order
-  if (model.use_moe && (model.capacity_factor > 0 || model.router == RouterKind::random))
-    return 1;  // capacity ranks the whole batch's tokens; the random router draws
-  return static_cast<int>(std::min<int64_t>(threads, batch_size));
-}
-
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, const StepOptions& o) {
-  Distributed* dist = o.dist;
+  Distributed* dist = o.parallel.job;
+  ExpertParallel* ep = o.parallel.experts;
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(o.lr);
   StepStats s;
@@ -269,30 +262,29 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   s.micro_seconds = micro_clock.seconds();
   fill_missing_gradients(params);
   std::optional<SplitParameters> split;
-  if (o.ep) split = split_parameters(model);
+  if (ep) split = split_parameters(model);
   if (dist && dist->world_size() > 1) {
     const double before = dist->comm_seconds();
     if (split) {
       // The mean over all ranks of each rank's gradient: an expert's arrived summed over the
       // tokens of its expert group, so it is summed over its replicas and divided by all.
       dist->average_gradients(split->replicated);
-      o.ep->replicas().sum_gradients_divided(split->experts, dist->world_size());
+      ep->replicas().sum_gradients_divided(split->experts, dist->world_size());
     } else {
       dist->average_gradients(params);
     }
     reduce_stats(s, *dist);
     s.comm_seconds = dist->comm_seconds() - before;
   }
-  if (o.ep) {
-    const ExpertParallel::Traffic t = o.ep->take_traffic();
+  if (ep) {
+    const ExpertParallel::Traffic t = ep->take_traffic();
     s.exchange_bytes = t.bytes;
     s.exchange_seconds = t.seconds;
   }
   if (probe) probe->split(s, dist);
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
-  s.grad_norm = split
-                    ? clip_gradients(split->replicated, split->experts, o.grad_clip, o.ep->group())
-                    : clip_gradients(params, o.grad_clip);
+  s.grad_norm = split ? clip_gradients(split->replicated, split->experts, o.grad_clip, ep->group())
+                      : clip_gradients(params, o.grad_clip);
   s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
   if (s.finite) {
     optimizer.step();

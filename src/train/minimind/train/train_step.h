@@ -8,10 +8,11 @@
 #include <functional>
 #include <vector>
 
+#include "minimind/compute_plan.h"
 #include "minimind/data/batcher.h"
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
-#include "minimind/run/expert_parallel.h"
+#include "minimind/run/parallel_context.h"
 #include "minimind/train/step_stats.h"
 
 namespace minimind {
@@ -23,18 +24,16 @@ struct StepOptions {
   // Several ranks: after the last micro-batch the gradients are averaged over the ranks
   // (once per optimizer step, as DDP with no_sync does), losses and aux losses are averaged
   // and expert counts and tokens summed, so every rank returns the same StepStats and takes
-  // the same step.
-  Distributed* dist = nullptr;
-  // Expert parallelism (run.expert_parallel > 1): the routed experts' gradients are summed
-  // over the ranks holding the same experts, the grad norm spans the expert group.
-  ExpertParallel* ep = nullptr;
+  // the same step. Expert parallelism: the routed experts' gradients are summed over the
+  // ranks holding the same experts, the grad norm spans the expert group.
+  ParallelContext parallel;
   // Also measure, per MoE layer with a learned router, the norms of the router weight's
   // gradient from the LM loss and from the balancing losses (aux + z) apart
   // (LayerStats::grad_lm / grad_balance); the trainer asks at log steps only.
   bool router_grads = false;
   // > 1: each micro-batch is trained in that many row ranges side by side, one core each
   // (side_by_side.h); the losses, counts and gradients are the micro-batch's within float
-  // rounding, and the same bits run after run. batch_shards() says how many to use.
+  // rounding, and the same bits run after run. The compute plan says how many (compute_plan.h).
   int shards = 1;
 };
 
@@ -43,10 +42,5 @@ struct StepOptions {
 // parameter, so the caller can stop with the last good state intact.
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, const StepOptions& options);
-
-// How many shards a micro-batch of `batch_size` rows is trained in on `threads` cores: one
-// per thread (at most one per row), or 1 when a step draws from torch's one generator in
-// order (dropout, the random router) or ranks the whole batch's tokens (capacity).
-int batch_shards(const ModelConfig& model, int64_t batch_size, int threads);
 
 }  // namespace minimind

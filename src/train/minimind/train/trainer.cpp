@@ -89,14 +89,14 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
         UninformativeThresholds{cfg.log.uninformative_mi, cfg.log.collapse_patience,
                                 tc.warmup_steps + cfg.log.interval},
         bus));
-    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->ep.get()));
+    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->parallel));
     // Before the evaluator: its file must exist for the evaluation before the first step.
     if (cfg.log.tensorboard) bus.add(tensorboard.emplace());
   }
   // The first expert group's other ranks send their experts to rank 0's checkpoints.
   if (!main_rank && s->ep && s->ep->in_first_group())
-    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->ep.get()));
-  if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, dist, bus));
+    bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->parallel));
+  if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, s->parallel, bus));
   // After the last checkpoint and evaluation, before the caller's observers (the report
   // reads analysis.json).
   std::optional<AnalysisWriter> analysis;
@@ -130,8 +130,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     const bool log_step = next % cfg.log.interval == 0 || next == tc.max_steps;
     StepOptions so;
     so.accumulation_steps = tc.accumulation_steps, so.grad_clip = tc.grad_clip, so.lr = lr;
-    so.dist = &dist, so.router_grads = log_step && cfg.model.use_moe, so.shards = s->shards;
-    so.ep = s->ep.get();
+    so.parallel = s->parallel;
+    so.router_grads = log_step && cfg.model.use_moe, so.shards = s->plan.shards;
     const StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
     result.comm_seconds += st.comm_seconds;

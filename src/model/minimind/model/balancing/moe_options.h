@@ -30,13 +30,12 @@ struct MoEOptions {
   RouterKind router = RouterKind::learned;
   ScoringFunc scoring = ScoringFunc::softmax;
   BalancingOptions balancing;
-  ExpertShard shard;  // the routed experts this process holds (expert parallelism)
+  ExpertShard shard;  // the routed experts this process holds (keep_expert_shard sets it)
 
   bool learned_router() const { return router == RouterKind::learned; }
 
-  static MoEOptions from(const ModelConfig& m, ExpertShard shard = {}) {
+  static MoEOptions from(const ModelConfig& m) {
     MoEOptions o;
-    o.shard = shard;
     o.hidden_size = m.hidden_size, o.num_experts = m.num_experts;
     o.top_k = m.num_experts_per_tok, o.expert_ffn_size = m.expert_ffn_size();
     o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
