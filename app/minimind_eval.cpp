@@ -16,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "command_line.h"
@@ -24,7 +25,9 @@
 #include "minimind/analysis/report.h"
 #include "minimind/analysis/routing_page.h"
 #include "minimind/compute_plan.h"
+#include "minimind/data/jsonl.h"
 #include "minimind/data/prepare.h"
+#include "minimind/data/tokenizer.h"
 #include "minimind/error.h"
 #include "minimind/eval/analyze.h"
 #include "minimind/eval/eval_inputs.h"
@@ -52,8 +55,82 @@ struct Args {
   std::string precision;          // empty: the run's run.precision
   std::vector<std::string> sets;  // run.KEY=VALUE on the run's config
   bool json = false, truncate = false, follow = false;
+  std::string text;                      // tokenize --text
+  bool decode = false, special = false;  // tokenize
   minimind::GenerateOptions gen;
 };
+
+// The ids of one line "3 17 256" (--decode's input); DataError naming `where` otherwise.
+std::vector<int32_t> parse_ids(const std::string& line, const std::string& where) {
+  std::vector<int32_t> ids;
+  std::istringstream in(line);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != word.size() || v < 0 || v > std::numeric_limits<int32_t>::max())
+      throw minimind::DataError(where + ": '" + word + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+// minimind-eval tokenize: as llama.cpp's llama-tokenize, one record per line.
+int tokenize_command(const Args& a) {
+  using namespace minimind;
+  std::string file = a.tokenizer;
+  if (file.empty() && !a.path.empty()) {
+    // A run directory, or a checkpoint inside one (RUN/checkpoints/step_N).
+    const std::filesystem::path p = std::filesystem::absolute(a.path);
+    file = run_tokenizer_file(p.string());
+    if (file.empty()) file = run_tokenizer_file(p.parent_path().parent_path().string());
+    if (file.empty()) throw TokenizerError("no tokenizer in '" + a.path + "' (a run directory?)");
+  }
+  if (file.empty()) throw TokenizerError("tokenize needs PATH (a run) or --tokenizer FILE");
+  if (a.text.empty() == a.data.empty()) throw Error("tokenize needs --text TEXT or --data FILE");
+  const Tokenizer tok = Tokenizer::from_file(file);
+  auto print_ids = [&](std::string_view text) {
+    const std::vector<int32_t> ids = a.special ? tok.encode_document(text) : tok.encode(text);
+    if (a.json) {
+      std::cout << nlohmann::json{{"ids", ids}}.dump() << "\n";
+      return;
+    }
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+  };
+  auto print_text = [&](const std::string& line, const std::string& where) {
+    const std::string text = tok.decode(parse_ids(line, where));
+    if (a.json)
+      std::cout << nlohmann::json{{"text", text}}.dump() << "\n";
+    else
+      std::cout << text << "\n";
+  };
+  if (!a.text.empty()) {
+    if (a.decode) {
+      print_text(a.text, "--text");
+    } else {
+      if (!is_valid_utf8(a.text))
+        throw DataError("--text is not valid UTF-8", "pass the text in UTF-8");
+      print_ids(a.text);
+    }
+    return 0;
+  }
+  if (a.decode) {
+    std::ifstream in(a.data);
+    if (!in) throw DataError("cannot read '" + a.data + "'");
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n)
+      print_text(line, a.data + ":" + std::to_string(n));
+    return 0;
+  }
+  // Records as training reads them: bad lines skipped with a warning naming the line.
+  read_corpus(a.data, {}, [&](std::string_view text, int64_t) { print_ids(text); });
+  return 0;
+}
 
 // --set on the run's config: only run.* keys (how to compute); the model, data and training
 // keys are the checkpoint's.
@@ -303,8 +380,8 @@ int main(int argc, char** argv) {
   }
   // "minimind-eval PATH [options]" is "minimind-eval loss PATH [options]".
   std::vector<char*> args(argv, argv + argc);
-  static const std::set<std::string> subcommands = {"loss",   "generate", "inspect",
-                                                    "report", "compare",  "analyze"};
+  static const std::set<std::string> subcommands = {"loss",    "generate", "inspect", "report",
+                                                    "compare", "analyze",  "tokenize"};
   static char loss_word[] = "loss";
   if (argc > 1 && argv[1][0] != '-' && !subcommands.count(argv[1]))
     args.insert(args.begin() + 1, loss_word);
@@ -325,7 +402,7 @@ int main(int argc, char** argv) {
     sub->add_option("PATH", a.path, model_path)->required();
     sub->add_option("--config", a.config, "YAML config (required for a bare .pth)");
     sub->add_option("--tokenizer", a.tokenizer,
-                    "sentencepiece .model (default: the run's tokenizer.model)");
+                    "sentencepiece .model or Hugging Face tokenizer.json (default: the run's own)");
     sub->add_option("--set", a.sets,
                     "run.KEY=VALUE: how to compute, on the run's config (repeatable; "
                     "run.precision, run.matmul, run.threads, run.bf16_emulation)");
@@ -399,6 +476,21 @@ int main(int argc, char** argv) {
   corpus_options(analyze);
   analyze->add_option("--out", a.out, "where to write the page (default RUN/analysis.html)");
 
+  CLI::App* tokenize = app.add_subcommand(
+      "tokenize", "text to token ids, one line per record (or back with --decode)");
+  tokenize->add_option("PATH", a.path, "a run or checkpoint directory: its tokenizer");
+  tokenize->add_option("--tokenizer", a.tokenizer,
+                       "sentencepiece .model or Hugging Face tokenizer.json (instead of PATH)");
+  auto* text_option = tokenize->add_option("--text", a.text, "one text (with --decode: ids)");
+  tokenize
+      ->add_option("--data", a.data,
+                   "JSONL corpus, a line of ids per record (with --decode: a file of such lines)")
+      ->excludes(text_option);
+  tokenize->add_flag("--decode", a.decode, "turn lines of ids back into text");
+  tokenize->add_flag("--special", a.special, "add [bos] and [eos] around each record's ids");
+  tokenize->add_flag("--json", a.json,
+                     "one JSON object per record: {\"ids\": [...]} or {\"text\": ...}");
+
   if (const int status =
           minimind_app::parse_command_line(app, static_cast<int>(args.size()), args.data());
       status >= 0)
@@ -423,10 +515,15 @@ int main(int argc, char** argv) {
       std::cout << inspect_text(read_run_logs(a.path));
       return 0;
     }
+    if (tokenize->parsed()) return tokenize_command(a);
     if (report->parsed()) {
       spdlog::info("wrote {}", write_report(a.path));
       return 0;
     }
+    // As a corpus record with invalid UTF-8 is skipped, such a prompt is refused: neither
+    // tokenizer kind could give its bytes back.
+    if (gen->parsed() && !is_valid_utf8(a.prompt))
+      throw DataError("--prompt is not valid UTF-8", "pass the prompt in UTF-8");
     if (gen->parsed() && a.prompt.empty())
       throw Error(
           "--prompt is empty: give the text to continue (to evaluate the loss, use "

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   app.add_flag("--overwrite", overwrite, "replace an existing --out");
   app.add_option("--config", config, "YAML config (required for a bare .pth)");
   app.add_option("--tokenizer", tokenizer,
-                 "sentencepiece .model (default: the run's tokenizer.model)");
+                 "sentencepiece .model or Hugging Face tokenizer.json (default: the run's own)");
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
   minimind_app::use_console_logger("minimind-export");

@@ -15,6 +15,8 @@ PACKAGES=(
   libtorch-dev libcli11-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libsentencepiece-dev sentencepiece libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev libgloo-dev zlib1g-dev
+  # ICU's regex engine: the pre-tokenizer of a Hugging Face tokenizer.json (docs/data.md)
+  libicu-dev
   # oneDNN, the library libtorch_cpu already loads: minimind-bench measures its matmul peaks
   libdnnl-dev
   # tcmalloc, the programs' malloc (docs/performance.md, "Memory allocator")

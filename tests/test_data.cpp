@@ -647,3 +647,79 @@ TEST(Prepare, AStopRequestEndsItAndLeavesTheCacheAsItWas) {
   EXPECT_FALSE(p.tokens_cached);
   EXPECT_GT(p.train_tokens, 1000u);
 }
+
+namespace minimind {
+namespace {
+
+// A tokenizer.json feature the native reader does not implement is refused naming the JSON
+// field, never read into other ids: MiniMind's file with one field changed at a time.
+TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
+  const std::string dir = test::temp_dir("tokenizer_json");
+  std::ifstream in(test::source_path("tests/data/minimind-tokenizer/tokenizer.json"));
+  const nlohmann::json original = nlohmann::json::parse(in);
+  struct Case {
+    const char* pointer;
+    nlohmann::json value;
+    const char* named;
+  };
+  for (const Case& c : {
+           Case{"/normalizer", {{"type", "NFC"}}, "normalizer"},
+           Case{"/model/type", "WordPiece", "model.type is WordPiece"},
+           Case{"/model/byte_fallback", true, "model.byte_fallback"},
+           Case{"/model/dropout", 0.1, "model.dropout"},
+           Case{"/pre_tokenizer", {{"type", "Whitespace"}}, "pre_tokenizer"},
+           Case{"/pre_tokenizer/add_prefix_space", true, "pre_tokenizer.add_prefix_space"},
+           Case{"/post_processor", {{"type", "TemplateProcessing"}}, "post_processor"},
+           Case{"/decoder", {{"type", "WordPiece"}}, "decoder"},
+           Case{"/added_tokens/1/lstrip", true, "added_tokens[1].lstrip"},
+           Case{"/model/merges/7", nlohmann::json::array({"no such", "token"}), "model.merges[7]"},
+       }) {
+    SCOPED_TRACE(c.pointer);
+    nlohmann::json changed = original;
+    changed[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    const std::string path = dir + "/tokenizer.json";
+    std::ofstream(path) << changed.dump();
+    try {
+      Tokenizer::from_file(path);
+      ADD_FAILURE() << "accepted";
+    } catch (const TokenizerError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.named), std::string::npos) << e.what();
+    }
+  }
+  // bos where MiniMind's layout does not have it: named, with its id.
+  nlohmann::json moved = original;
+  moved["model"]["vocab"]["<|im_start|>"] = 5;
+  moved["model"]["vocab"]["<|box_start|>"] = 1;
+  for (auto& a : moved["added_tokens"]) {
+    if (a["content"] == "<|im_start|>") a["id"] = 5;
+    if (a["content"] == "<|box_start|>") a["id"] = 1;
+  }
+  std::ofstream(dir + "/tokenizer.json") << moved.dump();
+  try {
+    Tokenizer::from_file(dir + "/tokenizer.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const TokenizerError& e) {
+    EXPECT_NE(std::string(e.what()).find("bos token '<|im_start|>' has id 5"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Both kinds behind one interface: the kind is read from the bytes, and a tokenizer.json's
+// ids, pieces and types are its own (MiniMind's: <|im_end|> = 2, special; "Ġ" = 256).
+TEST(TokenizerJson, OneInterfaceForBothKinds) {
+  const Tokenizer t =
+      Tokenizer::from_file(test::source_path("tests/data/minimind-tokenizer/tokenizer.json"));
+  EXPECT_TRUE(t.is_hf_json());
+  EXPECT_EQ(t.vocab_size(), 6400);
+  EXPECT_EQ(t.encode("a <|im_end|>b"), (std::vector<int32_t>{100, 256, 2, 101}));
+  EXPECT_EQ(t.encode_document("a"), (std::vector<int32_t>{kBosId, 100, kEosId}));
+  EXPECT_EQ(t.piece(256), "\xC4\xA0");  // "Ġ", the space byte
+  EXPECT_EQ(t.piece_type(2), PieceType::control);
+  EXPECT_EQ(t.piece_type(25), PieceType::user_defined);  // <think>: added, not special
+  EXPECT_EQ(t.decode({1931, 628, 1190, 3552}), "It's 2024");
+  EXPECT_EQ(t.decode({256, 3084}).substr(0, 1), " ");
+  EXPECT_EQ(t.unknown_id(), -1);
+}
+
+}  // namespace
+}  // namespace minimind

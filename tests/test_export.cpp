@@ -159,6 +159,11 @@ class ExportTest : public testing::Test {
         {"model.num_experts=8", "model.num_experts_per_tok=2", "model.norm_topk_prob=true",
          "model.scoring_func=sigmoid", "model.router_bias_update_rate=0.01",
          "model.n_shared_experts=2", "model.moe_intermediate_size=112"});
+    // The default preset on MiniMind's own tokenizer.json (byte-level BPE): llama.cpp's
+    // "gpt2" vocabulary and Hugging Face's tokenizers must give its ids.
+    (*cases_)["mmtok"] = make_case(
+        *dir_, "mmtok", "moe.yaml",
+        {"data.tokenizer=" + test::source_path("tests/data/minimind-tokenizer/tokenizer.json")});
   }
   static void TearDownTestSuite() {
     delete cases_;
@@ -179,8 +184,11 @@ std::map<std::string, Case>* ExportTest::cases_ = nullptr;
 // its next-token log-probabilities equal ours within 1e-4 on at least 256 positions, and
 // its 40-token greedy continuation is ours.
 TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
-  const std::map<std::string, std::string> arch = {
-      {"moe", "hy_v3"}, {"dense", "qwen3"}, {"top2", "qwen3moe"}, {"lab", "hy_v3"}};
+  const std::map<std::string, std::string> arch = {{"moe", "hy_v3"},
+                                                   {"dense", "qwen3"},
+                                                   {"top2", "qwen3moe"},
+                                                   {"lab", "hy_v3"},
+                                                   {"mmtok", "hy_v3"}};
   for (const auto& [name, c] : *cases_) {
     SCOPED_TRACE(name);
     const std::string gguf = *dir_ + "/" + name + ".gguf";
@@ -248,17 +256,25 @@ TEST_F(ExportTest, HalfPrecisionGgufIsCloseToFloat) {
 
 // The Hugging Face directory: read by an independent safetensors reader and run in the
 // PyTorch reference (logits within 1e-5), its tokenizer.json run by Hugging Face's own
-// tokenizers (our ids, [bos] first, on the whole validation split).
+// tokenizers (our ids on the whole validation split; [bos] first where the export wrote the
+// tokenizer.json from our sentencepiece model, none where it copied MiniMind's, which adds
+// none, as MiniMind's own scripts expect).
 TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
-  for (const std::string name : {"moe", "dense", "top2"}) {
+  for (const std::string name : {"moe", "dense", "top2", "mmtok"}) {
     SCOPED_TRACE(name);
     const Case& c = cases_->at(name);
+    const bool copied = name == "mmtok";
     const std::string out = *dir_ + "/" + name + "-hf";
     const Command e = export_cmd(c.run + " --format hf --out " + out);
     ASSERT_EQ(e.status, 0) << e.err;
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors",
-                          "tokenizer.json", "tokenizer_config.json", "tokenizer.model"})
+                          "tokenizer.json", "tokenizer_config.json"})
       EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+    EXPECT_EQ(fs::exists(out + "/tokenizer.model"), !copied);
+    if (copied) {
+      EXPECT_EQ(test::read_text(out + "/tokenizer.json"),
+                test::read_text(test::source_path("tests/data/minimind-tokenizer/tokenizer.json")));
+    }
     const nlohmann::json config = nlohmann::json::parse(test::read_text(out + "/config.json"));
     EXPECT_EQ(config["architectures"][0],
               name == "dense" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");
@@ -287,7 +303,8 @@ TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
     const nlohmann::json hf = nlohmann::json::parse(tk.out);
     int64_t same = 0;
     for (size_t i = 0; i < c.texts.size(); ++i) {
-      std::vector<int64_t> want{kBosId};
+      std::vector<int64_t> want;
+      if (!copied) want.push_back(kBosId);
       want.insert(want.end(), c.text_ids[i].begin(), c.text_ids[i].end());
       same += hf["ids"][i].get<std::vector<int64_t>>() == want;
     }

@@ -357,7 +357,10 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
       log.info("tokenizer trained in {:.2f} s -> {}", training.seconds(), out.tokenizer_path);
     }
   }
-  Tokenizer tok = Tokenizer::from_bytes(model_bytes, out.tokenizer_path);
+  // A given file is read as a file: a tokenizer.json's special tokens may be named beside it.
+  const Tokenizer tok = data.tokenizer.empty()
+                            ? Tokenizer::from_bytes(model_bytes, out.tokenizer_path)
+                            : Tokenizer::from_file(data.tokenizer);
   tok.check_vocab_size(vocab_size);
 
   // 2. Token files, keyed on corpus, split and tokenizer content.

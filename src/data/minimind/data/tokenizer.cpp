@@ -2,12 +2,14 @@
 
 #include <dlfcn.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "minimind/config.h"  // program_dir
@@ -77,8 +79,78 @@ struct Tokenizer::Handle {
   }
 };
 
-Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& source) {
+namespace {
+
+// The pad, bos and eos names a tokenizer_config.json gives (an entry is a string or an
+// object with "content"); empty when it names none of them.
+std::vector<std::string> special_names_beside(const std::filesystem::path& tokenizer_json) {
+  const std::filesystem::path config = tokenizer_json.parent_path() / "tokenizer_config.json";
+  std::ifstream in(config);
+  if (!in) return {};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw TokenizerError("'" + config.string() + "' is not valid JSON (" + e.what() + ")");
+  }
+  std::vector<std::string> names;
+  for (const char* key : {"pad_token", "bos_token", "eos_token"}) {
+    const nlohmann::json v = j.value(key, nlohmann::json());
+    names.push_back(v.is_string()   ? v.get<std::string>()
+                    : v.is_object() ? v.value("content", std::string())
+                                    : std::string());
+  }
+  return names;
+}
+
+}  // namespace
+
+std::string run_tokenizer_file(const std::string& run_dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::filesystem::path p = std::filesystem::path(run_dir) / name;
+    if (std::filesystem::exists(p)) return p.string();
+  }
+  return {};
+}
+
+std::string run_tokenizer_name(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char c = 0;
+  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  }
+  return c == '{' ? "tokenizer.json" : "tokenizer.model";
+}
+
+Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& source,
+                                const std::vector<std::string>& special_names) {
   Tokenizer t;
+  const size_t first = model_bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && model_bytes[first] == '{') {
+    t.bpe_ = ByteLevelBpe::from_json(model_bytes, source);
+    // pad, bos, eos: this tool's token files and batches use ids 0, 1, 2 for them.
+    const std::vector<std::string> names =
+        special_names.empty()
+            ? std::vector<std::string>{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+            : special_names;
+    const char* roles[] = {"pad", "bos", "eos"};
+    for (int32_t i = 0; i < 3; ++i) {
+      const std::string& name = names.at(static_cast<size_t>(i));
+      const int32_t id = name.empty() ? -1 : t.bpe_->id_of(name);
+      if (id != i)
+        throw TokenizerError(
+            "tokenizer '" + source + "': " + roles[i] +
+                (name.empty() ? std::string(" is not named")
+                 : id < 0     ? " token '" + name + "' is not in the vocabulary"
+                              : " token '" + name + "' has id " + std::to_string(id)) +
+                "; this tool needs pad, bos and eos at ids 0, 1 and 2 (MiniMind's layout)",
+            "MiniMind's tokenizer.json has them (<|endoftext|>, <|im_start|>, <|im_end|>); "
+            "a tokenizer_config.json beside the file may name them (pad_token, bos_token, "
+            "eos_token)");
+    }
+    t.bytes_ = std::move(model_bytes);
+    t.source_ = source;
+    return t;
+  }
   t.handle_ = std::make_shared<Handle>();
   char err[1024];
   if (spm().load(model_bytes.data(), model_bytes.size(), &t.handle_->spm, err, sizeof(err)) != 0)
@@ -102,7 +174,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return from_bytes(std::move(bytes), path);
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  const bool json = first != std::string::npos && bytes[first] == '{';
+  return from_bytes(std::move(bytes), path,
+                    json ? special_names_beside(path) : std::vector<std::string>{});
 }
 
 std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t vocab_size) {
@@ -168,6 +243,7 @@ std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (bpe_) return bpe_->encode(text);
   int32_t* ids = nullptr;
   size_t n = 0;
   char err[1024];
@@ -196,6 +272,7 @@ void Tokenizer::check_vocab_size(int64_t model_vocab_size) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (bpe_) return bpe_->decode(ids);
   char* text = nullptr;
   size_t n = 0;
   char err[1024];
@@ -207,18 +284,25 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 std::string Tokenizer::piece(int32_t id) const {
+  if (bpe_) return bpe_->token(id);
   return spm().id_to_piece(handle_->spm, id);
 }
 
 float Tokenizer::score(int32_t id) const {
+  if (bpe_) return 0.0f;  // merges have ranks, not scores
   return pieces().at(static_cast<size_t>(id)).score;
 }
 
 PieceType Tokenizer::piece_type(int32_t id) const {
+  if (bpe_)
+    return bpe_->is_special(id) ? PieceType::control
+           : bpe_->is_added(id) ? PieceType::user_defined
+                                : PieceType::normal;
   return pieces().at(static_cast<size_t>(id)).type;
 }
 
 int32_t Tokenizer::unknown_id() const {
+  if (bpe_) return -1;  // byte-level: every text has ids
   const std::vector<PieceInfo>& p = pieces();
   for (size_t id = 0; id < p.size(); ++id)
     if (p[id].type == PieceType::unknown) return static_cast<int32_t>(id);
@@ -291,6 +375,7 @@ const std::vector<Tokenizer::PieceInfo>& Tokenizer::pieces() const {
 }
 
 int32_t Tokenizer::vocab_size() const {
+  if (bpe_) return bpe_->vocab_size();
   return spm().vocab_size(handle_->spm);
 }
 

@@ -1,6 +1,10 @@
-// The tokenizer: a sentencepiece BPE model with MiniMind's special ids, trained from a
-// corpus or loaded from a .model file. Any sentencepiece client (Python included) given
-// the same .model reproduces our ids: all text handling lives inside the model.
+// The tokenizer, of one of two kinds:
+// - a sentencepiece BPE model with MiniMind's special ids, trained from a corpus or loaded
+//   from a .model file. Any sentencepiece client (Python included) given the same .model
+//   reproduces our ids: all text handling lives inside the model;
+// - a Hugging Face tokenizer.json of the byte-level BPE family (MiniMind's own, GPT-2's),
+//   run natively (byte_level_bpe.h): the ids of Hugging Face's Rust library.
+// The kind is read from the file's bytes (a JSON object, or a sentencepiece model).
 #pragma once
 
 #include <cstdint>
@@ -9,9 +13,16 @@
 #include <string_view>
 #include <vector>
 
+#include "minimind/data/byte_level_bpe.h"
 #include "minimind/error.h"
 
 namespace minimind {
+
+// A run directory's copy of its tokenizer: RUN/tokenizer.json or RUN/tokenizer.model,
+// whichever exists ("" if neither).
+std::string run_tokenizer_file(const std::string& run_dir);
+// The name a run directory keeps the tokenizer file at `path` under, by its kind.
+std::string run_tokenizer_name(const std::string& path);
 
 // MiniMind's special ids.
 constexpr int32_t kPadId = 0;  // <|endoftext|>
@@ -31,9 +42,19 @@ enum class PieceType : int32_t {
 
 class Tokenizer {
  public:
-  // From a serialised model (the bytes of a .model file).
-  static Tokenizer from_bytes(std::string model_bytes, const std::string& source);
+  // From a file's bytes (a .model or a tokenizer.json). A tokenizer.json must name pad,
+  // bos and eos at ids 0, 1 and 2, as MiniMind's does: `special_names` (pad, bos, eos; from
+  // a tokenizer_config.json beside the file) or else <|endoftext|>, <|im_start|>,
+  // <|im_end|>. TokenizerError otherwise, naming what is missing.
+  static Tokenizer from_bytes(std::string model_bytes, const std::string& source,
+                              const std::vector<std::string>& special_names = {});
   static Tokenizer from_file(const std::string& path);
+  // "sentencepiece" or "tokenizer.json", and the file name a run directory keeps it under.
+  bool is_hf_json() const { return bpe_ != nullptr; }
+  const char* kind() const { return bpe_ ? "tokenizer.json" : "sentencepiece"; }
+  const char* file_name() const { return bpe_ ? "tokenizer.json" : "tokenizer.model"; }
+  // The byte-level BPE behind a tokenizer.json (null for sentencepiece).
+  const ByteLevelBpe* byte_level_bpe() const { return bpe_.get(); }
 
   // Trains a BPE model of vocab_size pieces on the given texts (see tokenizer.cpp for the
   // options: byte fallback, "\n" as its own piece, no normalisation). Deterministic.
@@ -61,6 +82,7 @@ class Tokenizer {
   const std::vector<PieceInfo>& pieces() const;  // read from the model bytes once
   struct Handle;
   std::shared_ptr<Handle> handle_;
+  std::shared_ptr<const ByteLevelBpe> bpe_;
   std::string bytes_;
   std::string source_;  // the file (or name) it came from, for messages
 };

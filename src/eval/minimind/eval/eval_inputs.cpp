@@ -70,8 +70,7 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   load_weights(m.model, m.weights);
 
   std::string tok = tokenizer_path;
-  if (tok.empty() && !m.run_dir.empty() && fs::exists(fs::path(m.run_dir) / "tokenizer.model"))
-    tok = (fs::path(m.run_dir) / "tokenizer.model").string();
+  if (tok.empty() && !m.run_dir.empty()) tok = run_tokenizer_file(m.run_dir);
   if (tok.empty()) tok = m.config.data.tokenizer;
   if (tok.empty()) {
     if (need_tokenizer)

@@ -51,8 +51,47 @@ GgufType gguf_type(ExportDtype d) {
                                  : GgufType::bf16;
 }
 
+// pad, bos and eos (MiniMind's ids), and how llama.cpp wraps a prompt: [bos] first, as the
+// model was trained, no [eos].
+void add_gguf_special_ids(GgufWriter& w) {
+  w.add_u32("tokenizer.ggml.bos_token_id", kBosId);
+  w.add_u32("tokenizer.ggml.eos_token_id", kEosId);
+  w.add_u32("tokenizer.ggml.padding_token_id", kPadId);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+}
+
+// A tokenizer.json (byte-level BPE) as llama.cpp's "gpt2" vocabulary: the tokens as the
+// file spells them, the merges as "a b" strings, and the pre-tokenizer "gpt-2", whose
+// splitter is GPT-2's regex (llama.cpp's default for an unknown BPE would split otherwise).
+// Token types as llama.cpp's converter gives them: special added tokens and those that look
+// special (<|...|>) control, the other added ones user-defined.
+void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe) {
+  std::vector<std::string> tokens, merges;
+  std::vector<int32_t> types;
+  for (int32_t id = 0; id < bpe.vocab_size(); ++id) {
+    const std::string& t = bpe.token(id);
+    tokens.push_back(t);
+    const bool looks_special =
+        t.size() > 4 && t.rfind("<|", 0) == 0 && t.compare(t.size() - 2, 2, "|>") == 0;
+    types.push_back(!bpe.is_added(id) ? 1 : bpe.is_special(id) || looks_special ? 3 : 4);
+  }
+  for (const auto& [a, b] : bpe.merges()) merges.push_back(a + " " + b);
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "gpt-2");
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_strings("tokenizer.ggml.merges", merges);
+  add_gguf_special_ids(w);
+  w.add_u32("tokenizer.ggml.eot_token_id", kEosId);  // pins llama.cpp's end-of-turn pick
+}
+
 // The tokenizer as llama.cpp's "llama" (sentencepiece) vocabulary.
 void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
+  if (tok.byte_level_bpe()) {
+    add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe());
+    return;
+  }
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -65,13 +104,9 @@ void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_f32s("tokenizer.ggml.scores", scores);
   w.add_i32s("tokenizer.ggml.token_type", types);
-  w.add_u32("tokenizer.ggml.bos_token_id", kBosId);
-  w.add_u32("tokenizer.ggml.eos_token_id", kEosId);
-  w.add_u32("tokenizer.ggml.padding_token_id", kPadId);
+  add_gguf_special_ids(w);
   if (const int32_t unk = tok.unknown_id(); unk >= 0)
     w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(unk));
-  w.add_bool("tokenizer.ggml.add_bos_token", true);  // the model was trained on [bos] text
-  w.add_bool("tokenizer.ggml.add_eos_token", false);
   // Our sentencepiece model adds no dummy prefix; llama.cpp's default would add one and
   // change the first token of every text.
   w.add_bool("tokenizer.ggml.add_space_prefix", false);
@@ -225,9 +260,11 @@ std::map<std::string, std::string> hf_files(const EvalModel& em, ExportDtype dty
   gen["temperature"] = 0.85, gen["top_p"] = 0.85, gen["top_k"] = 50;
   gen["repetition_penalty"] = 1.0;
   files["generation_config.json"] = gen.dump(2) + "\n";
-  files["tokenizer.json"] = hf_tokenizer_json(*em.tokenizer);
+  // A tokenizer.json goes as it is; a sentencepiece model as both forms.
+  files["tokenizer.json"] =
+      em.tokenizer->is_hf_json() ? em.tokenizer->model_bytes() : hf_tokenizer_json(*em.tokenizer);
   files["tokenizer_config.json"] = hf_tokenizer_config(*em.tokenizer, m.max_position_embeddings);
-  files["tokenizer.model"] = em.tokenizer->model_bytes();
+  if (!em.tokenizer->is_hf_json()) files["tokenizer.model"] = em.tokenizer->model_bytes();
   return files;
 }
 

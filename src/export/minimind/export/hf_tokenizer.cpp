@@ -116,7 +116,9 @@ std::string hf_tokenizer_config(const Tokenizer& tok, int64_t model_max_length) 
   c["eos_token"] = tok.piece(kEosId);
   c["pad_token"] = tok.piece(kPadId);
   if (tok.unknown_id() >= 0) c["unk_token"] = tok.piece(tok.unknown_id());
-  c["add_bos_token"] = true;
+  // Ours adds [bos] in its post-processor; a tokenizer.json taken as it is (MiniMind's)
+  // adds none, and MiniMind's scripts put [bos] in themselves.
+  c["add_bos_token"] = !tok.is_hf_json();
   c["add_eos_token"] = false;
   c["clean_up_tokenization_spaces"] = false;
   c["model_max_length"] = model_max_length;

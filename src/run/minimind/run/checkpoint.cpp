@@ -95,11 +95,11 @@ constexpr const char* kRunMarker = ".minimind-run";
 // What the trainer and the evaluation tools write in a run directory: --overwrite removes
 // these (and their temporaries, NAME.tmp.PID.N) and nothing else.
 bool written_by_a_run(const std::string& name) {
-  static const char* kEntries[] = {".lock",        kRunMarker,        "config.yaml",
-                                   "train.log",    "metrics.jsonl",   "expert_load.jsonl",
-                                   "events.jsonl", "tokenizer.model", "checkpoints",
-                                   "tensorboard",  "analysis.json",   "analysis.html",
-                                   "report.html"};
+  static const char* kEntries[] = {".lock",         kRunMarker,        "config.yaml",
+                                   "train.log",     "metrics.jsonl",   "expert_load.jsonl",
+                                   "events.jsonl",  "tokenizer.model", "tokenizer.json",
+                                   "checkpoints",   "tensorboard",     "analysis.json",
+                                   "analysis.html", "report.html"};
   for (const char* e : kEntries) {
     const std::string entry(e);
     if (name == entry || name.rfind(entry + ".tmp.", 0) == 0) return true;

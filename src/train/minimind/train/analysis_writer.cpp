@@ -40,7 +40,7 @@ void AnalysisWriter::on_end(const TrainResult& r) {
   m.weights = !checkpoints.empty() && checkpoints.back().first == r.step
                   ? checkpoints.back().second + "/model.pth"
                   : "the final model";
-  const fs::path tok = fs::path(run_dir) / "tokenizer.model";
+  const fs::path tok = run_tokenizer_file(run_dir);
   if (fs::exists(tok)) m.tokenizer = Tokenizer::from_file(tok.string());
   AnalyzeOptions o;
   o.sources.push_back({"validation", "", &val_});

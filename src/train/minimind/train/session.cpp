@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "minimind/data/prepare.h"
+#include "minimind/data/tokenizer.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/allocator.h"
@@ -183,15 +184,21 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   // A resumed run keeps its own tokenizer (its copy in the run directory), even when the
   // corpus at data.train has changed since: its weights only know those token ids.
   DataConfig data = cfg.data;
-  const fs::path own_tokenizer = fs::path(run_dir) / "tokenizer.model";
-  const bool keeps_tokenizer =
-      s.run.checkpoint && data.tokenizer.empty() && fs::exists(own_tokenizer);
-  if (keeps_tokenizer) data.tokenizer = own_tokenizer.string();
+  const std::string own_tokenizer = run_tokenizer_file(run_dir);
+  const bool keeps_tokenizer = s.run.checkpoint && data.tokenizer.empty() && !own_tokenizer.empty();
+  if (keeps_tokenizer) data.tokenizer = own_tokenizer;
   if (main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.plan.threads, log, stop);
   dist.barrier();
   if (!main_rank) prepared = prepare_data(data, cfg.model.vocab_size, s.plan.threads, log, stop);
-  if (main_rank && !keeps_tokenizer)
-    fs::copy_file(prepared->tokenizer_path, own_tokenizer, fs::copy_options::overwrite_existing);
+  if (main_rank && !keeps_tokenizer) {
+    // One tokenizer per run directory: a .model replaced by a tokenizer.json (or back) on
+    // --overwrite leaves no stale one beside it.
+    const std::string name = run_tokenizer_name(prepared->tokenizer_path);
+    for (const char* other : {"tokenizer.json", "tokenizer.model"})
+      if (name != other) fs::remove(fs::path(run_dir) / other);
+    fs::copy_file(prepared->tokenizer_path, fs::path(run_dir) / name,
+                  fs::copy_options::overwrite_existing);
+  }
   s.train_tokens = TokenFile::open(prepared->train_path);
   if (!prepared->val_path.empty() && prepared->val_docs > 0)
     s.val_tokens = TokenFile::open(prepared->val_path);

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# minimind-eval tokenize on a Hugging Face tokenizer.json gives the ids of Hugging Face's Rust
+# `tokenizers` library (tests/tokenizer, pinned by its lockfile), record for record: MiniMind's
+# tokenizer (both generations, tests/data/minimind-tokenizer) over a corpus that mixes
+# scripts, emoji, code, digits, runs of spaces, tabs, newlines, odd whitespace and every
+# added token inside text (tests/data/tokenizer-corpus.jsonl), and over 2,000 records of the
+# shipped corpus. Then --decode turns the ids back into each record's text, byte for byte.
+# Usage: tokenizer_exact.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD=$(realpath "$1")
+SRC=$(realpath "$2")
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+EVAL="$BUILD/app/minimind-eval"
+REF="$SRC/tests/tokenizer"
+if ! command -v npm > /dev/null; then
+  echo "tokenizer tests skipped: no npm" >&2
+  exit 0
+fi
+# The binding's prebuilt library is an optional dependency of the package (one per platform):
+# npm ci installs the one for this machine.
+npm ci --ignore-scripts --no-audit --no-fund --prefix "$REF" > "$WORK/npm.log" 2>&1 ||
+  { cat "$WORK/npm.log" >&2; exit 1; }
+head -2000 "$SRC/data/austen.jsonl" > "$WORK/austen.jsonl"
+fail=0
+for tok in "$SRC/tests/data/minimind-tokenizer/tokenizer.json" \
+  "$SRC/tests/data/minimind-tokenizer/minimind2/tokenizer.json"; do
+  for corpus in "$SRC/tests/data/tokenizer-corpus.jsonl" "$WORK/austen.jsonl"; do
+    name="$(basename "$(dirname "$tok")")/$(basename "$corpus")"
+    node "$REF/reference_ids.js" "$tok" "$corpus" > "$WORK/want.txt"
+    "$EVAL" tokenize --tokenizer "$tok" --data "$corpus" > "$WORK/got.txt"
+    python3 - "$WORK/want.txt" "$WORK/got.txt" "$corpus" "$name" <<'PY' || fail=1
+import json, sys
+want = open(sys.argv[1]).read().splitlines()
+got = open(sys.argv[2]).read().splitlines()
+texts = [json.loads(l)["text"] for l in open(sys.argv[3], encoding="utf-8") if l.strip()]
+assert len(want) == len(texts), (len(want), len(texts))
+bad = [i for i in range(len(texts)) if i >= len(got) or got[i] != want[i]]
+ids = sum(len(w.split()) for w in want)
+print(f"{sys.argv[4]}: {len(texts)} records, {ids} ids, {len(bad)} differ from the Rust library")
+for i in bad[:5]:
+    print(f"  record {i + 1} {texts[i][:60]!r}:\n    want {want[i][:200]}\n    got  {got[i][:200] if i < len(got) else '(missing)'}")
+sys.exit(1 if bad or len(got) != len(want) else 0)
+PY
+    # Round trip: the ids decode to the record's text.
+    "$EVAL" tokenize --tokenizer "$tok" --data "$WORK/got.txt" --decode --json > "$WORK/back.jsonl"
+    python3 - "$WORK/back.jsonl" "$corpus" "$name" <<'PY' || fail=1
+import json, sys
+back = [json.loads(l)["text"] for l in open(sys.argv[1], encoding="utf-8")]
+texts = [json.loads(l)["text"] for l in open(sys.argv[2], encoding="utf-8") if l.strip()]
+bad = [i for i in range(len(texts)) if back[i] != texts[i]]
+print(f"{sys.argv[3]}: decode(encode(text)) == text for {len(texts) - len(bad)} of {len(texts)}")
+sys.exit(1 if bad else 0)
+PY
+  done
+done
+exit "$fail"
