@@ -168,7 +168,9 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, const minimind::Comp
       (std::filesystem::temp_directory_path() / ("minimind-eval-" + std::to_string(::getpid())))
           .string();
   if (!a.data.empty()) {
-    if (!m.tokenizer) throw TokenizerError("--data needs a tokenizer: pass --tokenizer FILE.model");
+    if (!m.tokenizer)
+      throw TokenizerError(
+          "--data needs a tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
     docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
   } else {
     docs = TokenFile::open(validation_split(cfg, threads, "").val_path);
@@ -240,7 +242,9 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
     }
   }
   if (!m.tokenizer)
-    spdlog::warn("no tokenizer: tokens are shown as #id (pass --tokenizer FILE.model)");
+    spdlog::warn(
+        "no tokenizer: tokens are shown as #id (pass --tokenizer FILE (a .model or "
+        "tokenizer.json))");
   o.batch_size = a.batch_size > 0 ? a.batch_size : m.config.train.batch_size;
   o.max_docs = a.max_docs;
   o.keep_checkpoints = m.config.train.keep_checkpoints;
@@ -282,7 +286,8 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
 int generate_command(const Args& a, minimind::EvalModel& m) {
   using namespace minimind;
   if (!m.tokenizer)
-    throw TokenizerError("generation needs a tokenizer: pass --tokenizer FILE.model");
+    throw TokenizerError(
+        "generation needs a tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
   const Tokenizer& tok = *m.tokenizer;
   std::vector<int64_t> prompt{kBosId};
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);

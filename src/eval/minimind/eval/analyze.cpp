@@ -179,7 +179,8 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
     if (!src.jsonl.empty()) {
       if (!tok)
         throw TokenizerError(
-            "--analyze with --data needs a tokenizer: pass --tokenizer FILE.model");
+            "--analyze with --data needs a tokenizer: pass --tokenizer FILE (a .model or "
+            "tokenizer.json)");
       std::error_code ec;  // read_corpus says what is wrong with a path that has no size
       const double size = static_cast<double>(std::filesystem::file_size(src.jsonl, ec));
       double read = 0;

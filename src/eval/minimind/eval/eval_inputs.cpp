@@ -75,7 +75,8 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   if (tok.empty()) {
     if (need_tokenizer)
       throw TokenizerError(
-          "no tokenizer: pass --tokenizer FILE.model (or set data.tokenizer in the config)");
+          "no tokenizer: pass --tokenizer FILE (a .model or tokenizer.json) (or set data.tokenizer "
+          "in the config)");
     return m;
   }
   m.tokenizer = Tokenizer::from_file(tok);

@@ -363,7 +363,8 @@ std::string hf_architecture(const ModelConfig& m) {
 void export_model(const EvalModel& m, ExportFormat format, ExportDtype dtype,
                   const std::string& out, bool overwrite) {
   if (!m.tokenizer)
-    throw TokenizerError("exporting needs the tokenizer: pass --tokenizer FILE.model");
+    throw TokenizerError(
+        "exporting needs the tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
   check_export_target(m, format, out, overwrite);
   // Written whole under a temporary name, then put in place of the old output in one step.
   OutputReplacement replacement(out);
