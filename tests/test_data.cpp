@@ -673,6 +673,7 @@ TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
            Case{"/decoder", {{"type", "WordPiece"}}, "decoder"},
            Case{"/added_tokens/1/lstrip", true, "added_tokens[1].lstrip"},
            Case{"/model/merges/7", nlohmann::json::array({"no such", "token"}), "model.merges[7]"},
+           Case{"/model/vocab/zzzq", 5, "(duplicate id)"},
        }) {
     SCOPED_TRACE(c.pointer);
     nlohmann::json changed = original;
@@ -685,6 +686,16 @@ TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
     } catch (const TokenizerError& e) {
       EXPECT_NE(std::string(e.what()).find(c.named), std::string::npos) << e.what();
     }
+  }
+  // A truncated file: named, as not JSON.
+  std::ofstream(dir + "/tokenizer.json") << original.dump().substr(0, 5000);
+  try {
+    Tokenizer::from_file(dir + "/tokenizer.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const TokenizerError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/tokenizer.json: not valid JSON"),
+              std::string::npos)
+        << e.what();
   }
   // bos where MiniMind's layout does not have it: named, with its id.
   nlohmann::json moved = original;

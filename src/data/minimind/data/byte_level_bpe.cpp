@@ -164,7 +164,11 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
       refuse(source, "model.vocab[\"" + it.key() + "\"]", "is not an id");
-    by_id[it.value().get<int32_t>()] = {it.key(), 0};
+    const auto [at, fresh] = by_id.emplace(it.value().get<int32_t>(), std::make_pair(it.key(), 0));
+    if (!fresh)
+      refuse(source, "model.vocab[\"" + it.key() + "\"]",
+             "has id " + std::to_string(at->first) + ", which \"" + at->second.first +
+                 "\" has too (duplicate id)");
   }
   for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
     const std::string content = a.value("content", std::string());
