@@ -23,8 +23,9 @@ struct EvalModel {
 
 // path: checkpoints/step_X/ (config from its state.json), a run directory (its newest
 // checkpoint), or a .pth file (config_path required). The tokenizer is tokenizer_path, else
-// the run's tokenizer.model, else the config's data.tokenizer; its vocabulary must equal
-// model.vocab_size. Throws CheckpointError / WeightsError / TokenizerError / ConfigError.
+// the run's own copy (tokenizer.json or tokenizer.model), else the config's data.tokenizer;
+// its vocabulary must equal model.vocab_size. Throws CheckpointError / WeightsError /
+// TokenizerError / ConfigError.
 EvalModel load_eval_model(const std::string& path, const std::string& config_path,
                           const std::string& tokenizer_path, bool need_tokenizer);
 
