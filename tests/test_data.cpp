@@ -674,6 +674,9 @@ TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
            Case{"/added_tokens/1/lstrip", true, "added_tokens[1].lstrip"},
            Case{"/model/merges/7", nlohmann::json::array({"no such", "token"}), "model.merges[7]"},
            Case{"/model/vocab/zzzq", 5, "(duplicate id)"},
+           Case{"/model/vocab/zzzq", int64_t{1} << 31, "model.vocab[\"zzzq\"] is not an id"},
+           Case{"/model/type", 7, "not a tokenizer.json of the expected shape"},
+           Case{"/added_tokens/3", "<|box_start|>", "not a tokenizer.json of the expected shape"},
        }) {
     SCOPED_TRACE(c.pointer);
     nlohmann::json changed = original;
@@ -730,6 +733,9 @@ TEST(TokenizerJson, OneInterfaceForBothKinds) {
   EXPECT_EQ(t.decode({1931, 628, 1190, 3552}), "It's 2024");
   EXPECT_EQ(t.decode({256, 3084}).substr(0, 1), " ");
   EXPECT_EQ(t.unknown_id(), -1);
+  // A piece of a million bytes (one run of spaces) is merged in O(n log n), and back.
+  const std::string spaces(1 << 20, ' ');
+  EXPECT_EQ(t.decode(t.encode(spaces + "x")), spaces + "x");
 }
 
 }  // namespace

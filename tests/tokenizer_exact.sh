@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # minimind-eval tokenize on a Hugging Face tokenizer.json gives the ids of Hugging Face's Rust
 # `tokenizers` library (tests/tokenizer, pinned by its lockfile), record for record: MiniMind's
-# tokenizer (both generations, tests/data/minimind-tokenizer) over a corpus that mixes
-# scripts, emoji, code, digits, runs of spaces, tabs, newlines, odd whitespace and every
+# tokenizer (both generations, tests/data/minimind-tokenizer) and a small GPT-2-style one
+# made for the test (tests/data/tiny-bpe: "a b" merges, added tokens of both passes) over a
+# corpus that mixes scripts, emoji, code, digits, runs of spaces, tabs, newlines, odd whitespace and every
 # added token inside text (tests/data/tokenizer-corpus.jsonl), and over 2,000 records of the
 # shipped corpus. Then --decode turns the ids back into each record's text, byte for byte.
 # Usage: tokenizer_exact.sh BUILD_DIR SOURCE_DIR
@@ -24,7 +25,8 @@ npm ci --ignore-scripts --no-audit --no-fund --prefix "$REF" > "$WORK/npm.log" 2
 head -2000 "$SRC/data/austen.jsonl" > "$WORK/austen.jsonl"
 fail=0
 for tok in "$SRC/tests/data/minimind-tokenizer/tokenizer.json" \
-  "$SRC/tests/data/minimind-tokenizer/minimind2/tokenizer.json"; do
+  "$SRC/tests/data/minimind-tokenizer/minimind2/tokenizer.json" \
+  "$SRC/tests/data/tiny-bpe/tokenizer.json"; do
   for corpus in "$SRC/tests/data/tokenizer-corpus.jsonl" "$WORK/austen.jsonl"; do
     name="$(basename "$(dirname "$tok")")/$(basename "$corpus")"
     node "$REF/reference_ids.js" "$tok" "$corpus" > "$WORK/want.txt"

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <queue>
 
 #include "minimind/error.h"
 
@@ -118,6 +121,9 @@ bool null_or(const nlohmann::json& j, const char* key, const nlohmann::json& all
 
 }  // namespace
 
+// Ids beyond this are not a vocabulary but a damaged file (and would overflow int32 sums).
+constexpr int64_t kMaxTokens = int64_t{1} << 24;
+
 struct ByteLevelBpe::Regex {
   std::unique_ptr<icu::RegexPattern> pattern;
 };
@@ -130,8 +136,19 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
   } catch (const nlohmann::json::exception& e) {
     throw TokenizerError(source + ": not valid JSON (" + std::string(e.what()) + ")");
   }
+  // A field of another JSON type than the format's (a number where a string belongs).
+  try {
+    return read(j, source);
+  } catch (const nlohmann::json::exception& e) {
+    throw TokenizerError(source + ": not a tokenizer.json of the expected shape (" +
+                         std::string(e.what()) + ")");
+  }
+}
+
+std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::read(const nlohmann::json& j,
+                                                       const std::string& source) {
   if (!j.is_object() || !j.contains("model")) refuse(source, "model", "is missing");
-  const nlohmann::json& model = j["model"];
+  const nlohmann::json& model = j.at("model");
   if (model.value("type", std::string()) != "BPE")
     refuse(source, "model.type", "is " + model.value("type", std::string("missing")) + ", not BPE");
   if (!null_or(model, "dropout", 0.0)) refuse(source, "model.dropout", "is set (random merges)");
@@ -162,8 +179,9 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
   if (!vocab.is_object() || vocab.empty()) refuse(source, "model.vocab", "is missing or empty");
   std::map<int32_t, std::pair<std::string, uint8_t>> by_id;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
-      refuse(source, "model.vocab[\"" + it.key() + "\"]", "is not an id");
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() >= kMaxTokens)
+      refuse(source, "model.vocab[\"" + it.key() + "\"]", "is not an id (0 to 2^24 - 1)");
     const auto [at, fresh] = by_id.emplace(it.value().get<int32_t>(), std::make_pair(it.key(), 0));
     if (!fresh)
       refuse(source, "model.vocab[\"" + it.key() + "\"]",
@@ -173,8 +191,8 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
   for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
     const std::string content = a.value("content", std::string());
     const int64_t id = a.value("id", int64_t{-1});
-    if (content.empty() || id < 0)
-      refuse(source, "added_tokens", "holds an entry without content or id");
+    if (content.empty() || id < 0 || id >= kMaxTokens)
+      refuse(source, "added_tokens", "holds an entry without content or id (0 to 2^24 - 1)");
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
       if (a.value(flag, false))
         refuse(source, "added_tokens[" + std::to_string(id) + "]." + flag, "is true");
@@ -184,7 +202,9 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
              "gives id " + std::to_string(id) + " to '" + content + "', the vocabulary to '" +
                  slot.first + "'");
     slot = {content, static_cast<uint8_t>(a.value("special", false) ? 2 : 1)};
-    t->added_.emplace_back(content, static_cast<int32_t>(id));
+    // Absent, "normalized" is what the Rust library's AddedToken::from gives: !special.
+    const bool normalized = a.value("normalized", !a.value("special", false));
+    t->added_[normalized].emplace_back(content, static_cast<int32_t>(id));
   }
   const int32_t size = by_id.rbegin()->first + 1;
   if (static_cast<size_t>(size) != by_id.size())
@@ -198,8 +218,15 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::from_json(const std::string& t
     t->added_kind_[static_cast<size_t>(id)] = entry.second;
     t->ids_.emplace(entry.first, id);
   }
-  std::sort(t->added_.begin(), t->added_.end(),
-            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (int pass = 0; pass < 2; ++pass) {
+    auto& added = t->added_[pass];
+    std::stable_sort(added.begin(), added.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+    for (const auto& a : added)
+      t->added_starts_with_[pass][static_cast<unsigned char>(a.first[0])] = true;
+  }
+  static std::atomic<uint64_t> instances{0};
+  t->instance_ = ++instances;
 
   for (int b = 0; b < 256; ++b) {
     std::string c;
@@ -252,23 +279,49 @@ int32_t ByteLevelBpe::id_of(const std::string& token) const {
 }
 
 void ByteLevelBpe::encode_piece(const std::string& bytes, std::vector<int32_t>& out) const {
-  std::vector<int32_t> symbols;
-  symbols.reserve(bytes.size());
-  for (const char c : bytes) symbols.push_back(byte_id_[static_cast<unsigned char>(c)]);
-  while (symbols.size() > 1) {
-    // The adjacent pair of lowest rank, the leftmost of equal ones.
-    int32_t best_rank = -1, best_id = -1;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto it = merge_of_.find(pair_key(symbols[i], symbols[i + 1]));
-      if (it != merge_of_.end() && (best_rank < 0 || it->second.first < best_rank))
-        best_rank = it->second.first, best_id = it->second.second, best_at = i;
-    }
-    if (best_rank < 0) break;
-    symbols[best_at] = best_id;
-    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+  // Symbols in a linked list; candidate merges in a heap by (rank, position), so the pair of
+  // lowest rank, the leftmost of equals, is merged first, in O(n log n) for a long piece (a
+  // run of a million spaces is one piece). A candidate whose symbols have changed since it
+  // was pushed is skipped when popped.
+  struct Symbol {
+    int32_t id, prev, next;  // prev/next: -1 at the ends
+    bool alive;
+  };
+  const auto n = static_cast<int32_t>(bytes.size());
+  std::vector<Symbol> sym(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i)
+    sym[static_cast<size_t>(i)] = {
+        byte_id_[static_cast<unsigned char>(bytes[static_cast<size_t>(i)])], i - 1,
+        i + 1 < n ? i + 1 : -1, true};
+  using Candidate = std::pair<int32_t, int32_t>;  // (rank, position of the left symbol)
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto rank_at = [&](int32_t i) -> const std::pair<int32_t, int32_t>* {
+    const Symbol& s = sym[static_cast<size_t>(i)];
+    if (s.next < 0) return nullptr;
+    const auto it = merge_of_.find(pair_key(s.id, sym[static_cast<size_t>(s.next)].id));
+    return it == merge_of_.end() ? nullptr : &it->second;
+  };
+  auto push = [&](int32_t i) {
+    if (i < 0) return;
+    if (const auto* m = rank_at(i)) heap.emplace(m->first, i);
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const auto [rank, i] = heap.top();
+    heap.pop();
+    Symbol& s = sym[static_cast<size_t>(i)];
+    const auto* m = s.alive ? rank_at(i) : nullptr;
+    if (m == nullptr || m->first != rank) continue;  // stale
+    Symbol& right = sym[static_cast<size_t>(s.next)];
+    right.alive = false;
+    s.id = m->second;
+    s.next = right.next;
+    if (s.next >= 0) sym[static_cast<size_t>(s.next)].prev = i;
+    push(s.prev);
+    push(i);
   }
-  out.insert(out.end(), symbols.begin(), symbols.end());
+  for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = sym[static_cast<size_t>(i)].next)
+    out.push_back(sym[static_cast<size_t>(i)].id);
 }
 
 void ByteLevelBpe::encode_text(std::string_view text, std::vector<int32_t>& out) const {
@@ -279,12 +332,25 @@ void ByteLevelBpe::encode_text(std::string_view text, std::vector<int32_t>& out)
   UErrorCode status = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> m(regex_->pattern->matcher(u, status));
   if (U_FAILURE(status)) throw TokenizerError(std::string("ICU regex: ") + u_errorName(status));
+  // Words recur: each thread keeps the ids of the pieces it has merged (as the Rust library
+  // keeps a cache), for this tokenizer only, and starts afresh when it holds 2^16 of them.
+  struct PieceCache {
+    uint64_t owner = 0;
+    std::unordered_map<std::string, std::vector<int32_t>> ids;
+  };
+  thread_local PieceCache cache;
+  if (cache.owner != instance_ || cache.ids.size() >= (size_t{1} << 16)) {
+    cache.ids.clear();
+    cache.owner = instance_;
+  }
   int32_t done = 0;
   std::string piece;
   auto emit = [&](int32_t from, int32_t to) {
     piece.clear();
     u.tempSubStringBetween(from, to).toUTF8String(piece);
-    encode_piece(piece, out);
+    auto [it, fresh] = cache.ids.try_emplace(piece);
+    if (fresh) encode_piece(piece, it->second);
+    out.insert(out.end(), it->second.begin(), it->second.end());
   };
   while (m->find(status)) {
     const int32_t start = m->start(status), end = m->end(status);
@@ -297,28 +363,39 @@ void ByteLevelBpe::encode_text(std::string_view text, std::vector<int32_t>& out)
 
 std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
   std::vector<int32_t> out;
+  split_added(text, 0, out);
+  return out;
+}
+
+// Finds pass `pass`'s added tokens in text (the leftmost match, the longest at its
+// position); the text between goes to the next pass, after the last to the regex and BPE.
+void ByteLevelBpe::split_added(std::string_view text, int pass, std::vector<int32_t>& out) const {
+  auto rest = [&](std::string_view between) {
+    if (pass == 0)
+      split_added(between, 1, out);
+    else
+      encode_text(between, out);
+  };
   size_t from = 0;
-  // Added tokens first: the leftmost match, the longest at its position (added_ is sorted
-  // by length, longest first).
   for (size_t i = 0; i < text.size();) {
     int32_t found = -1;
     size_t length = 0;
-    for (const auto& [content, id] : added_)
-      if (text.compare(i, content.size(), content) == 0) {
-        found = id, length = content.size();
-        break;
-      }
+    if (added_starts_with_[pass][static_cast<unsigned char>(text[i])])
+      for (const auto& [content, id] : added_[pass])
+        if (text.compare(i, content.size(), content) == 0) {
+          found = id, length = content.size();
+          break;
+        }
     if (found < 0) {
       ++i;
       continue;
     }
-    encode_text(text.substr(from, i - from), out);
+    rest(text.substr(from, i - from));
     out.push_back(found);
     i += length;
     from = i;
   }
-  encode_text(text.substr(from), out);
-  return out;
+  rest(text.substr(from));
 }
 
 std::string ByteLevelBpe::decode(const std::vector<int32_t>& ids) const {

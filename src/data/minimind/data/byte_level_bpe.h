@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -51,6 +52,8 @@ class ByteLevelBpe {
 
  private:
   ByteLevelBpe() = default;
+  static std::shared_ptr<const ByteLevelBpe> read(const nlohmann::json& j,
+                                                  const std::string& source);
   void encode_piece(const std::string& bytes, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
 
@@ -60,8 +63,14 @@ class ByteLevelBpe {
   std::vector<std::pair<std::string, std::string>> merges_;
   // (left id, right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_of_;
-  int32_t byte_id_[256] = {};                           // each byte's byte-alphabet token
-  std::vector<std::pair<std::string, int32_t>> added_;  // (text, id), the longest first
+  int32_t byte_id_[256] = {};  // each byte's byte-alphabet token
+  // The added tokens, the longest first, in two passes as the Rust library splits them: the
+  // tokens with "normalized": false are found in the text first, then those with true in
+  // the text between.
+  std::vector<std::pair<std::string, int32_t>> added_[2];  // [normalized]: (text, id)
+  bool added_starts_with_[2][256] = {};  // [normalized][byte]: a token starts with it
+  void split_added(std::string_view text, int pass, std::vector<int32_t>& out) const;
+  uint64_t instance_;  // a number no other ByteLevelBpe of the process has (piece caches)
   struct Regex;
   std::shared_ptr<const Regex> regex_;
 };
