@@ -291,21 +291,42 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   const Tokenizer& tok = *m.tokenizer;
   std::vector<int64_t> prompt{kBosId};
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
-  std::cout << a.prompt << std::flush;
+  // With --json the text is not streamed: stdout carries the one JSON object.
+  if (!a.json) std::cout << a.prompt << std::flush;
   TextStream stream(tok);
+  std::string text;
   const Stopwatch clock;
   std::vector<int64_t> out = generate(m.model, prompt, a.gen, [&](int64_t id) {
-    std::cout << stream.add(static_cast<int32_t>(id)) << std::flush;
+    const std::string piece = stream.add(static_cast<int32_t>(id));
+    if (a.json)
+      text += piece;
+    else
+      std::cout << piece << std::flush;
   });
   const double secs = clock.seconds();
-  std::cout << stream.finish() << std::endl;
+  if (a.json)
+    text += stream.finish();
+  else
+    std::cout << stream.finish() << std::endl;
   spdlog::info("{} tokens in {:.2f} s ({:.1f} tokens/s, KV cache {})", out.size(), secs,
                out.size() / std::max(secs, 1e-9), a.gen.use_cache ? "on" : "off");
   const int64_t max_positions = m.config.model.max_position_embeddings;
-  if (static_cast<int64_t>(out.size()) < a.gen.max_new_tokens &&
-      static_cast<int64_t>(prompt.size() + out.size()) >= max_positions)
+  const auto n_new = static_cast<int64_t>(out.size());
+  std::string stop = n_new == a.gen.max_new_tokens ? "max_new_tokens" : "eos";
+  if (n_new < a.gen.max_new_tokens &&
+      static_cast<int64_t>(prompt.size()) + n_new >= max_positions) {
+    stop = "max_position_embeddings";
     spdlog::warn("stopped at model.max_position_embeddings = {} positions (prompt {} + {} new)",
                  max_positions, prompt.size(), out.size());
+  }
+  if (a.json)
+    std::cout << nlohmann::json{{"prompt", a.prompt},
+                                {"prompt_ids", prompt},
+                                {"ids", out},
+                                {"text", text},
+                                {"stop", stop}}
+                     .dump()
+              << std::endl;
   return 0;
 }
 
@@ -458,6 +479,9 @@ int main(int argc, char** argv) {
                 "keep generating past the end-of-text token (for timing a fixed length)");
   gen->add_flag("--no-cache", no_cache,
                 "recompute the whole sequence for every token (slow; for checks)");
+  gen->add_flag("--json", a.json,
+                "print one JSON object instead of streaming: prompt, prompt_ids, ids, text, "
+                "stop");
 
   CLI::App* inspect = app.add_subcommand("inspect", "a run's expert-load history in the terminal");
   inspect->add_option("RUN", a.path, "run directory")->required();
