@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every command in the ```sh blocks of README.md and docs/*.md runs as written, with the
 # programs of this build first on PATH, in a scratch directory that holds what a fresh
-# clone after Quick start holds (scripts/, data/ and a trained runs/moe). Training commands
-# get short --set overrides appended (the page's own values come first, so ours win).
+# clone after Quick start holds (scripts/, data/ and a trained runs/moe), and a MiniMind clone
+# for the examples that use one (with a checkpoint made by the reference model). Training
+# commands get short --set overrides appended (the page's own values come first, so ours win).
 # Output a page shows, in a ```text block after `<!-- output of: COMMAND -->`, must come
 # from the current program: each of its lines, numbers, durations and histogram glyphs
 # aside, must be a line of COMMAND's output.
@@ -23,6 +24,13 @@ SHORT=(--set train.max_steps=4 --set train.warmup_steps=0 --set train.eval_inter
 cd "$WORK"
 ln -s "$SRC/scripts" scripts
 ln -s "$SRC/data" data
+# What the MiniMind examples expect beside the directory: a clone minimind/ with its
+# tokenizer, a MiniMind-3 MoE checkpoint (the reference model's, of the real size) and data.
+mkdir -p minimind/model minimind/out minimind/dataset
+cp "$SRC"/tests/data/minimind-tokenizer/tokenizer*.json minimind/model/
+cp "$SRC/tests/data/tokenizer-corpus.jsonl" minimind/dataset/pretrain_hq.jsonl
+/usr/bin/python3 "$SRC/tests/reference/check_minimind_checkpoint.py" make \
+  "$SRC/configs/minimind-3-moe.yaml" minimind/out/pretrain_768_moe.pth 1
 # What Quick start's first command leaves: a trained runs/moe (shortened here).
 minimind-train --config moe.yaml "${SHORT[@]}" > /dev/null 2> quickstart.err ||
   { cat quickstart.err >&2; exit 1; }

@@ -360,13 +360,15 @@ TEST(TokenFileFormat, TwoWritersOfOneFileBothFinish) {
 TEST(Batching, PadModeFollowsMiniMindsRule) {
   // Stored documents are [bos] body [eos]; max_seq_len 6 keeps bos + body[:4] + eos.
   const std::string path = make_token_file(
-      temp_dir("pad") + "/p.tok", {{1, 5, 6, 7, 2}, {1, 8, 2}, {1, 9, 10, 11, 12, 13, 14, 2}});
+      temp_dir("pad") + "/p.tok", {{1, 5, 0, 7, 2}, {1, 8, 2}, {1, 9, 10, 11, 12, 13, 14, 2}});
   TokenFile f = TokenFile::open(path);
   BatchSampler s(f, "pad", 3, 6, 42);
+  // The pad id inside a text (<|endoftext|> typed in it) is masked too, as MiniMind's
+  // labels[input_ids == pad] = -100 does.
   const std::vector<std::vector<int64_t>> rows = {
-      {1, 5, 6, 7, 2, 0}, {1, 8, 2, 0, 0, 0}, {1, 9, 10, 11, 12, 2}};
+      {1, 5, 0, 7, 2, 0}, {1, 8, 2, 0, 0, 0}, {1, 9, 10, 11, 12, 2}};
   const std::vector<std::vector<int64_t>> labels = {
-      {1, 5, 6, 7, 2, -100}, {1, 8, 2, -100, -100, -100}, {1, 9, 10, 11, 12, 2}};
+      {1, 5, -100, 7, 2, -100}, {1, 8, 2, -100, -100, -100}, {1, 9, 10, 11, 12, 2}};
   for (int64_t b = 0; b < 4; ++b) {  // every batch is one epoch: each document once
     Batch batch = s.next();
     ASSERT_EQ(batch.input_ids.sizes(), (std::vector<int64_t>{3, 6}));

@@ -1,5 +1,7 @@
 #include "minimind/data/batcher.h"
 
+#include <algorithm>
+
 #include "minimind/data/tokenizer.h"
 
 namespace minimind {
@@ -72,7 +74,9 @@ int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* 
   ids[0] = kBosId;
   tokens.copy(tokens.doc_start(doc) + 1, static_cast<uint64_t>(keep), ids + 1);
   ids[keep + 1] = kEosId;
-  std::copy(ids, ids + keep + 2, labels);
+  // MiniMind masks every position that holds the pad id, padding or not: a tokenizer.json
+  // turns "<|endoftext|>" typed in a text into that id, and it is not learnt there either.
+  std::transform(ids, ids + keep + 2, labels, [](int64_t id) { return id == kPadId ? -100 : id; });
   return keep + 2;
 }
 
