@@ -289,14 +289,16 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
     throw TokenizerError(
         "generation needs a tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
   const Tokenizer& tok = *m.tokenizer;
-  std::vector<int64_t> prompt{kBosId};
+  std::vector<int64_t> prompt{tok.specials().bos};
   for (int32_t id : tok.encode(a.prompt)) prompt.push_back(id);
+  GenerateOptions options = a.gen;
+  if (options.eos_id >= 0) options.eos_id = tok.specials().eos;  // -1: --ignore-eos
   // With --json the text is not streamed: stdout carries the one JSON object.
   if (!a.json) std::cout << a.prompt << std::flush;
   TextStream stream(tok);
   std::string text;
   const Stopwatch clock;
-  std::vector<int64_t> out = generate(m.model, prompt, a.gen, [&](int64_t id) {
+  std::vector<int64_t> out = generate(m.model, prompt, options, [&](int64_t id) {
     const std::string piece = stream.add(static_cast<int32_t>(id));
     if (a.json)
       text += piece;

@@ -198,9 +198,10 @@ TEST(Jsonl, SpecialFilesAreRefusedAndHugeRecordsSkipped) {
 TEST_F(TokenizerTest, SpecialIdsAreMiniMinds) {
   Tokenizer tok = Tokenizer::from_bytes(*bytes_, "test");
   EXPECT_EQ(tok.vocab_size(), 1000);
-  EXPECT_EQ(tok.piece(kPadId), "<|endoftext|>");
-  EXPECT_EQ(tok.piece(kBosId), "<|im_start|>");
-  EXPECT_EQ(tok.piece(kEosId), "<|im_end|>");
+  EXPECT_EQ(tok.specials(), SpecialIds{});
+  EXPECT_EQ(tok.piece(tok.specials().pad), "<|endoftext|>");
+  EXPECT_EQ(tok.piece(tok.specials().bos), "<|im_start|>");
+  EXPECT_EQ(tok.piece(tok.specials().eos), "<|im_end|>");
 }
 
 TEST_F(TokenizerTest, RoundTripIsLossless) {
@@ -702,22 +703,64 @@ TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
               std::string::npos)
         << e.what();
   }
-  // bos where MiniMind's layout does not have it: named, with its id.
-  nlohmann::json moved = original;
-  moved["model"]["vocab"]["<|im_start|>"] = 5;
-  moved["model"]["vocab"]["<|box_start|>"] = 1;
-  for (auto& a : moved["added_tokens"]) {
-    if (a["content"] == "<|im_start|>") a["id"] = 5;
-    if (a["content"] == "<|box_start|>") a["id"] = 1;
-  }
-  std::ofstream(dir + "/tokenizer.json") << moved.dump();
+  // A tokenizer_config.json beside the file naming a token the file lacks: named.
+  std::ofstream(dir + "/tokenizer.json") << original.dump();
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"bos_token": "<|nope|>"})";
   try {
     Tokenizer::from_file(dir + "/tokenizer.json");
     ADD_FAILURE() << "accepted";
   } catch (const TokenizerError& e) {
-    EXPECT_NE(std::string(e.what()).find("bos token '<|im_start|>' has id 5"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("bos token '<|nope|>' is not in the vocabulary"),
+              std::string::npos)
         << e.what();
   }
+}
+
+// pad, bos and eos at other ids than MiniMind's, named by a tokenizer_config.json beside the
+// file, GPT-2's way (bos = eos = <|endoftext|>, here id 0; pad <|im_end|>, id 2): documents
+// open and close with them, the token files record the pad id, pad-mode rows are padded
+// with it and its positions masked, and the cache keys on them.
+TEST(TokenizerJson, SpecialsAtAnyIdsReachTheTokenFilesAndBatches) {
+  const std::string dir = test::temp_dir("specials");
+  fs::copy_file(test::source_path("tests/data/tiny-bpe/tokenizer.json"), dir + "/tokenizer.json");
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"pad_token": "<|im_end|>", "bos_token": {"content": "<|endoftext|>"},
+             "eos_token": "<|endoftext|>"})";
+  const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+  EXPECT_EQ(tok.specials(), (SpecialIds{2, 0, 0}));
+  const std::vector<int32_t> doc = tok.encode_document("Emma");
+  EXPECT_EQ(doc.front(), 0);
+  EXPECT_EQ(doc.back(), 0);
+  EXPECT_EQ(nlohmann::json::parse(tok.special_names_json()),
+            (nlohmann::json{{"pad_token", "<|im_end|>"},
+                            {"bos_token", "<|endoftext|>"},
+                            {"eos_token", "<|endoftext|>"}}));
+
+  std::string corpus;
+  for (int i = 0; i < 60; ++i) corpus += "{\"text\": \"Emma said " + std::to_string(i) + ".\"}\n";
+  DataConfig d = corpus_config(dir, "a.jsonl", corpus);
+  d.tokenizer = dir + "/tokenizer.json";
+  d.val_fraction = 0;
+  const PreparedData p = prepare_data(d, tok.vocab_size(), 1);
+  const TokenFile f = TokenFile::open(p.train_path);
+  EXPECT_EQ(f.pad_id(), 2);
+  for (uint64_t i = 0; i < f.num_docs(); ++i) {
+    ASSERT_EQ(f.bos_of(i), 0);
+    ASSERT_EQ(f.eos_of(i), 0);
+  }
+  BatchSampler s(f, "pad", 4, 512, 1);
+  const Batch b = s.next();
+  const int64_t L = b.input_ids.size(1);
+  const int64_t* ids = b.input_ids.data_ptr<int64_t>();
+  const int64_t* labels = b.labels.data_ptr<int64_t>();
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[L - 1], 2) << "a 512-token row of a short record ends in padding";
+  EXPECT_EQ(labels[0], 0) << "bos (id 0) is not the pad id: learnt";
+  EXPECT_EQ(labels[L - 1], -100);
+
+  // The same corpus and file with MiniMind's names (no config beside it): other token files.
+  fs::remove(dir + "/tokenizer_config.json");
+  EXPECT_NE(prepare_data(d, tok.vocab_size(), 1).train_path, p.train_path);
 }
 
 // Both kinds behind one interface: the kind is read from the bytes, and a tokenizer.json's
@@ -728,7 +771,7 @@ TEST(TokenizerJson, OneInterfaceForBothKinds) {
   EXPECT_TRUE(t.is_hf_json());
   EXPECT_EQ(t.vocab_size(), 6400);
   EXPECT_EQ(t.encode("a <|im_end|>b"), (std::vector<int32_t>{100, 256, 2, 101}));
-  EXPECT_EQ(t.encode_document("a"), (std::vector<int32_t>{kBosId, 100, kEosId}));
+  EXPECT_EQ(t.encode_document("a"), (std::vector<int32_t>{1, 100, 2}));
   EXPECT_EQ(t.piece(256), "\xC4\xA0");  // "Ġ", the space byte
   EXPECT_EQ(t.piece_type(2), PieceType::control);
   EXPECT_EQ(t.piece_type(25), PieceType::user_defined);  // <think>: added, not special

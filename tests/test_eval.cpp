@@ -154,10 +154,10 @@ TEST_F(EvalTest, LongDocumentsArePredictedWholeInWindows) {
   {
     TokenFileWriter w(path, static_cast<uint32_t>(V), {0, 0});
     for (size_t d = 0; d < lengths.size(); ++d) {
-      std::vector<int32_t> doc{kBosId};
+      std::vector<int32_t> doc{SpecialIds{}.bos};
       for (int64_t t = 1; t + 1 < lengths[d]; ++t)
         doc.push_back(static_cast<int32_t>(3 + (t * 37 + static_cast<int64_t>(d) * 11) % (V - 3)));
-      doc.push_back(kEosId);
+      doc.push_back(SpecialIds{}.eos);
       w.add_document(doc);
       docs.push_back(doc);
     }

@@ -89,7 +89,7 @@ Case make_case(const std::string& dir, const std::string& name, const std::strin
       positions += static_cast<int64_t>(c.sequences.back().size()) - 1;
     }
   }
-  c.prompt = {kBosId};
+  c.prompt = {m.tokenizer->specials().bos};
   for (int32_t id : m.tokenizer->encode("It is a truth universally acknowledged"))
     c.prompt.push_back(id);
   return c;
@@ -304,7 +304,7 @@ TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
     int64_t same = 0;
     for (size_t i = 0; i < c.texts.size(); ++i) {
       std::vector<int64_t> want;
-      if (!copied) want.push_back(kBosId);
+      if (!copied) want.push_back(SpecialIds{}.bos);
       want.insert(want.end(), c.text_ids[i].begin(), c.text_ids[i].end());
       same += hf["ids"][i].get<std::vector<int64_t>>() == want;
     }

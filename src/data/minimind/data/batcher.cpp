@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "minimind/data/tokenizer.h"
-
 namespace minimind {
 
 BatchSampler::BatchSampler(const TokenFile& tokens, std::string mode, int64_t batch_size,
@@ -69,14 +67,15 @@ int64_t fill_pad_row(const TokenFile& tokens, uint64_t doc, int64_t L, int64_t* 
                      int64_t* labels) {
   const uint64_t body = tokens.doc_length(doc) - 2;
   const int64_t keep = static_cast<int64_t>(std::min<uint64_t>(body, static_cast<uint64_t>(L - 2)));
-  std::fill(ids, ids + L, kPadId);
+  const int64_t pad = tokens.pad_id();
+  std::fill(ids, ids + L, pad);
   std::fill(labels, labels + L, -100);
-  ids[0] = kBosId;
+  ids[0] = tokens.bos_of(doc);
   tokens.copy(tokens.doc_start(doc) + 1, static_cast<uint64_t>(keep), ids + 1);
-  ids[keep + 1] = kEosId;
+  ids[keep + 1] = tokens.eos_of(doc);
   // MiniMind masks every position that holds the pad id, padding or not: a tokenizer.json
   // turns "<|endoftext|>" typed in a text into that id, and it is not learnt there either.
-  std::transform(ids, ids + keep + 2, labels, [](int64_t id) { return id == kPadId ? -100 : id; });
+  std::transform(ids, ids + keep + 2, labels, [pad](int64_t id) { return id == pad ? -100 : id; });
   return keep + 2;
 }
 

@@ -371,7 +371,12 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     kb.add("");
   else
     kb.add_file(data.val, "validation corpus");
-  const SourceKey key = kb.add(model_bytes).key();
+  kb.add(model_bytes);
+  // Which tokens open and close a document and pad a row (MiniMind's ids add nothing, so
+  // caches made before this was keyed stay valid).
+  if (const SpecialIds& sp = tok.specials(); sp != SpecialIds{})
+    kb.add(std::to_string(sp.pad) + " " + std::to_string(sp.bos) + " " + std::to_string(sp.eos));
+  const SourceKey key = kb.key();
   const fs::path dir = fs::path(data.cache_dir) / "tokens" / hex(key);
   out.train_path = (dir / "train.tok").string();
   const bool has_val = !data.val.empty() || data.val_fraction > 0;
@@ -387,9 +392,11 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   if (!out.tokens_cached) {
     fs::create_directories(dir);
     const std::vector<bool> held_out = held_out_mask();
-    TokenFileWriter train_writer(out.train_path, static_cast<uint32_t>(tok.vocab_size()), key);
+    const auto vocab = static_cast<uint32_t>(tok.vocab_size());
+    const auto pad = static_cast<uint32_t>(tok.specials().pad);
+    TokenFileWriter train_writer(out.train_path, vocab, key, pad);
     std::optional<TokenFileWriter> val_writer;
-    if (has_val) val_writer.emplace(out.val_path, static_cast<uint32_t>(tok.vocab_size()), key);
+    if (has_val) val_writer.emplace(out.val_path, vocab, key, pad);
     tokenise_corpus(
         tok, data.train, counted().text_bytes,
         [&](int64_t i) { return held_out[static_cast<size_t>(i)] ? &*val_writer : &train_writer; },

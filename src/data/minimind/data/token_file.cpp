@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -20,7 +21,7 @@ struct Header {
   uint32_t version;
   uint32_t token_bytes;
   uint32_t vocab_size;
-  uint32_t reserved;
+  uint32_t pad_id;
   uint64_t num_tokens;
   uint64_t num_docs;
   uint64_t source_key[2];
@@ -34,12 +35,14 @@ uint64_t align8(uint64_t n) {
 
 }  // namespace
 
-TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, SourceKey key)
+TokenFileWriter::TokenFileWriter(std::string path, uint32_t vocab_size, SourceKey key,
+                                 uint32_t pad_id)
     : path_(std::move(path)),
       tmp_(temp_path(path_)),  // per writer: two processes may prepare one cache
       vocab_size_(vocab_size),
       token_bytes_(vocab_size <= 65536 ? 2 : 4),
-      key_(key) {
+      key_(key),
+      pad_id_(pad_id) {
   remove_stale_temps(path_);
   out_ = std::fopen(tmp_.c_str(), "wb");
   if (!out_) throw DataError("cannot write token file '" + tmp_ + "'");
@@ -76,6 +79,7 @@ void TokenFileWriter::finish() {
   h.version = kTokenFileVersion;
   h.token_bytes = token_bytes_;
   h.vocab_size = vocab_size_;
+  h.pad_id = pad_id_;
   h.num_tokens = num_tokens_;
   h.num_docs = doc_starts_.size() - 1;
   h.source_key[0] = key_[0];
@@ -133,9 +137,14 @@ TokenFile TokenFile::open(const std::string& path) {
   f.tokens_ = static_cast<const unsigned char*>(map) + sizeof(Header);
   f.doc_starts_ =
       reinterpret_cast<const uint64_t*>(static_cast<const unsigned char*>(map) + docs_offset);
-  // Document table must be monotonic and cover all tokens.
+  f.pad_id_ = h.pad_id;
+  if (h.pad_id >= std::max<uint32_t>(h.vocab_size, 1))
+    throw DataError("token file '" + path + "' is corrupted (pad id " + std::to_string(h.pad_id) +
+                    ", vocabulary " + std::to_string(h.vocab_size) + ")" + hint);
+  // Document table must be monotonic and cover all tokens; every document holds at least
+  // its [bos] and [eos].
   bool ok = f.doc_starts_[0] == 0 && f.doc_starts_[h.num_docs] == h.num_tokens;
-  for (uint64_t d = 0; ok && d < h.num_docs; ++d) ok = f.doc_starts_[d] < f.doc_starts_[d + 1];
+  for (uint64_t d = 0; ok && d < h.num_docs; ++d) ok = f.doc_starts_[d] + 2 <= f.doc_starts_[d + 1];
   if (!ok) throw DataError("token file '" + path + "' has a corrupted document table" + hint);
   for (uint64_t i = 0; i < h.num_tokens; ++i) {
     if (f.token(i) >= h.vocab_size)

@@ -6,7 +6,8 @@
 //     uint32   version       kTokenFileVersion
 //     uint32   token_bytes   2 (uint16 ids, vocab <= 65536) or 4 (uint32 ids)
 //     uint32   vocab_size    every id is < vocab_size
-//     uint32   reserved      0
+//     uint32   pad_id        the tokenizer's pad id (0 in files written before it was
+//                            recorded, which is what their tokenizers used)
 //     uint64   num_tokens
 //     uint64   num_docs
 //     uint64   source_key[2] 128-bit hash of what the file was made from (cache key)
@@ -14,6 +15,7 @@
 //   offset 64  tokens: num_tokens ids of token_bytes each, then zero padding to 8 bytes
 //   then       doc_starts: num_docs + 1 uint64; document d is tokens[doc_starts[d],
 //              doc_starts[d+1]); each document is [bos] + tokens of one record + [eos]
+//              (so its first and last ids are the tokenizer's bos and eos)
 #pragma once
 
 #include <array>
@@ -31,7 +33,7 @@ using SourceKey = std::array<uint64_t, 2>;
 // Streams documents to path + ".tmp" and renames it into place on finish().
 class TokenFileWriter {
  public:
-  TokenFileWriter(std::string path, uint32_t vocab_size, SourceKey key);
+  TokenFileWriter(std::string path, uint32_t vocab_size, SourceKey key, uint32_t pad_id = 0);
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -44,6 +46,7 @@ class TokenFileWriter {
   std::string path_, tmp_;
   uint32_t vocab_size_, token_bytes_;
   SourceKey key_;
+  uint32_t pad_id_;
   std::FILE* out_ = nullptr;
   uint64_t num_tokens_ = 0;
   std::vector<uint64_t> doc_starts_{0};
@@ -62,6 +65,10 @@ class TokenFile {
   uint64_t num_tokens() const { return num_tokens_; }
   uint64_t num_docs() const { return num_docs_; }
   uint32_t vocab_size() const { return vocab_size_; }
+  // The id that pads a row; bos and eos are each document's first and last id.
+  int64_t pad_id() const { return pad_id_; }
+  int64_t bos_of(uint64_t d) const { return token(doc_starts_[d]); }
+  int64_t eos_of(uint64_t d) const { return token(doc_starts_[d + 1] - 1); }
   const SourceKey& source_key() const { return key_; }
   const std::string& path() const { return path_; }
 
@@ -80,7 +87,7 @@ class TokenFile {
   size_t map_size_ = 0;
   const unsigned char* tokens_ = nullptr;
   const uint64_t* doc_starts_ = nullptr;
-  uint32_t token_bytes_ = 0, vocab_size_ = 0;
+  uint32_t token_bytes_ = 0, vocab_size_ = 0, pad_id_ = 0;
   uint64_t num_tokens_ = 0, num_docs_ = 0;
   SourceKey key_{};
 };

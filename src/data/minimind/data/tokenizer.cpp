@@ -127,25 +127,23 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
   const size_t first = model_bytes.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && model_bytes[first] == '{') {
     t.bpe_ = ByteLevelBpe::from_json(model_bytes, source);
-    // pad, bos, eos: this tool's token files and batches use ids 0, 1, 2 for them.
-    const std::vector<std::string> names =
-        special_names.empty()
-            ? std::vector<std::string>{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
-            : special_names;
+    // pad, bos, eos by name, at whatever ids the file gives them; MiniMind's name for a
+    // role the names leave out (GPT-2's configs name no pad).
+    const char* defaults[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     const char* roles[] = {"pad", "bos", "eos"};
-    for (int32_t i = 0; i < 3; ++i) {
-      const std::string& name = names.at(static_cast<size_t>(i));
-      const int32_t id = name.empty() ? -1 : t.bpe_->id_of(name);
-      if (id != i)
+    int32_t* ids[] = {&t.specials_.pad, &t.specials_.bos, &t.specials_.eos};
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string name = i < special_names.size() && !special_names[i].empty()
+                                   ? special_names[i]
+                                   : std::string(defaults[i]);
+      *ids[i] = t.bpe_->id_of(name);
+      if (*ids[i] < 0)
         throw TokenizerError(
-            "tokenizer '" + source + "': " + roles[i] +
-                (name.empty() ? std::string(" is not named")
-                 : id < 0     ? " token '" + name + "' is not in the vocabulary"
-                              : " token '" + name + "' has id " + std::to_string(id)) +
-                "; this tool needs pad, bos and eos at ids 0, 1 and 2 (MiniMind's layout)",
-            "MiniMind's tokenizer.json has them (<|endoftext|>, <|im_start|>, <|im_end|>); "
-            "a tokenizer_config.json beside the file may name them (pad_token, bos_token, "
-            "eos_token)");
+            "tokenizer '" + source + "': " + roles[i] + " token '" + name +
+                "' is not in the vocabulary",
+            "MiniMind's tokenizer.json has <|endoftext|>, <|im_start|>, <|im_end|> for pad, "
+            "bos and eos; a tokenizer_config.json beside the file names others (pad_token, "
+            "bos_token, eos_token)");
     }
     t.bytes_ = std::move(model_bytes);
     t.source_ = source;
@@ -255,11 +253,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::vector<int32_t> Tokenizer::encode_document(std::string_view text) const {
-  std::vector<int32_t> ids{kBosId};
+  std::vector<int32_t> ids{specials_.bos};
   const std::vector<int32_t> body = encode(text);
   ids.insert(ids.end(), body.begin(), body.end());
-  ids.push_back(kEosId);
+  ids.push_back(specials_.eos);
   return ids;
+}
+
+std::string Tokenizer::special_names_json() const {
+  return nlohmann::json{{"pad_token", piece(specials_.pad)},
+                        {"bos_token", piece(specials_.bos)},
+                        {"eos_token", piece(specials_.eos)}}
+             .dump(2) +
+         "\n";
 }
 
 void Tokenizer::check_vocab_size(int64_t model_vocab_size) const {

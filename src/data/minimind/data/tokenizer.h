@@ -24,10 +24,15 @@ std::string run_tokenizer_file(const std::string& run_dir);
 // The name a run directory keeps the tokenizer file at `path` under, by its kind.
 std::string run_tokenizer_name(const std::string& path);
 
-// MiniMind's special ids.
-constexpr int32_t kPadId = 0;  // <|endoftext|>
-constexpr int32_t kBosId = 1;  // <|im_start|>
-constexpr int32_t kEosId = 2;  // <|im_end|>
+// The ids that pad a row and open and close a document. The defaults are MiniMind's (and
+// every sentencepiece model this tool trains): <|endoftext|>, <|im_start|>, <|im_end|>.
+struct SpecialIds {
+  int32_t pad = 0, bos = 1, eos = 2;
+  bool operator==(const SpecialIds& o) const {
+    return pad == o.pad && bos == o.bos && eos == o.eos;
+  }
+  bool operator!=(const SpecialIds& o) const { return !(*this == o); }
+};
 
 // What kind of piece an id is (sentencepiece's kinds, numbered as its ModelProto and as
 // GGUF's token types).
@@ -42,10 +47,10 @@ enum class PieceType : int32_t {
 
 class Tokenizer {
  public:
-  // From a file's bytes (a .model or a tokenizer.json). A tokenizer.json must name pad,
-  // bos and eos at ids 0, 1 and 2, as MiniMind's does: `special_names` (pad, bos, eos; from
-  // a tokenizer_config.json beside the file) or else <|endoftext|>, <|im_start|>,
-  // <|im_end|>. TokenizerError otherwise, naming what is missing.
+  // From a file's bytes (a .model or a tokenizer.json). A tokenizer.json's pad, bos and eos
+  // are found by name, at any ids: `special_names` (pad, bos, eos; from a
+  // tokenizer_config.json beside the file), MiniMind's <|endoftext|>, <|im_start|>,
+  // <|im_end|> for a role they leave empty. TokenizerError when one is not in the file.
   static Tokenizer from_bytes(std::string model_bytes, const std::string& source,
                               const std::vector<std::string>& special_names = {});
   static Tokenizer from_file(const std::string& path);
@@ -60,6 +65,11 @@ class Tokenizer {
   // options: byte fallback, "\n" as its own piece, no normalisation). Deterministic.
   // Returns the serialised model.
   static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size);
+
+  const SpecialIds& specials() const { return specials_; }
+  // The names of specials() as a tokenizer_config.json gives them (pad_token, bos_token,
+  // eos_token): what a run directory keeps beside its tokenizer.json.
+  std::string special_names_json() const;
 
   std::vector<int32_t> encode(std::string_view text) const;
   // A document as MiniMind stores it for training and evaluation: [bos] + encode(text) + [eos].
@@ -84,6 +94,7 @@ class Tokenizer {
   std::shared_ptr<Handle> handle_;
   std::shared_ptr<const ByteLevelBpe> bpe_;
   std::string bytes_;
+  SpecialIds specials_;
   std::string source_;  // the file (or name) it came from, for messages
 };
 

@@ -89,7 +89,8 @@ TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
   fs::create_directories(tmp_dir);
   const std::string path = (fs::path(tmp_dir) / "eval.tok").string();
   {
-    TokenFileWriter w(path, static_cast<uint32_t>(tok.vocab_size()), {0, 0});
+    TokenFileWriter w(path, static_cast<uint32_t>(tok.vocab_size()), {0, 0},
+                      static_cast<uint32_t>(tok.specials().pad));
     int64_t n = 0, bytes = 0;
     // A large corpus takes a while: say how far it is every few seconds.
     std::error_code ec;  // read_corpus below says what is wrong with a path that has no size

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "minimind/data/tokenizer.h"
+#include "minimind/data/token_file.h"
 #include "minimind/model/next_token_loss.h"
 
 namespace minimind {
@@ -61,7 +61,7 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   for (int64_t round = 0, first = rank * batch_size; in_step ? round < rounds : first < total;
        ++round, first += world * batch_size) {
     if (first >= total) {
-      model(torch::full({1, 2}, kPadId, torch::kLong));
+      model(torch::full({1, 2}, docs.pad_id(), torch::kLong));
       continue;
     }
     const int64_t B = std::min(batch_size, total - first);
@@ -69,14 +69,14 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
     int64_t L = 2;
     for (int64_t b = first; b < first + B; ++b)
       L = std::max(L, rows[static_cast<size_t>(b)].length);
-    torch::Tensor ids = torch::full({B, L}, kPadId, torch::kLong);   // [B, L]
-    torch::Tensor labels = torch::full({B, L}, -100, torch::kLong);  // [B, L]
+    torch::Tensor ids = torch::full({B, L}, docs.pad_id(), torch::kLong);  // [B, L]
+    torch::Tensor labels = torch::full({B, L}, -100, torch::kLong);        // [B, L]
     for (int64_t b = 0; b < B; ++b) {
       const EvalWindow& w = rows[static_cast<size_t>(first + b)];
       int64_t* row = ids.data_ptr<int64_t>() + b * L;
       docs.copy(docs.doc_start(w.doc) + static_cast<uint64_t>(w.start),
                 static_cast<uint64_t>(w.length), row);
-      if (w.eos_at_end) row[w.length - 1] = kEosId;
+      if (w.eos_at_end) row[w.length - 1] = docs.eos_of(static_cast<uint64_t>(w.doc));
       std::copy(row, row + w.length, labels.data_ptr<int64_t>() + b * L);
     }
     ForwardOutput out = model(ids);

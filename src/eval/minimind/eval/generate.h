@@ -20,7 +20,7 @@ struct GenerateOptions {
   bool greedy = false;              // argmax instead of sampling
   bool use_cache = true;            // false: recompute the whole sequence every token
   uint64_t seed = 42;
-  int64_t eos_id = 2;
+  int64_t eos_id = 2;  // the tokenizer's (Tokenizer::specials); -1: never stop at one
 };
 
 // Continues prompt_ids ([bos] + prompt tokens); calls on_token(id) for each new token as it

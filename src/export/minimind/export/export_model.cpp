@@ -51,12 +51,12 @@ GgufType gguf_type(ExportDtype d) {
                                  : GgufType::bf16;
 }
 
-// pad, bos and eos (MiniMind's ids), and how llama.cpp wraps a prompt: [bos] first, as the
-// model was trained, no [eos].
-void add_gguf_special_ids(GgufWriter& w) {
-  w.add_u32("tokenizer.ggml.bos_token_id", kBosId);
-  w.add_u32("tokenizer.ggml.eos_token_id", kEosId);
-  w.add_u32("tokenizer.ggml.padding_token_id", kPadId);
+// pad, bos and eos (the tokenizer's), and how llama.cpp wraps a prompt: [bos] first, as
+// the model was trained, no [eos].
+void add_gguf_special_ids(GgufWriter& w, const SpecialIds& s) {
+  w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(s.bos));
+  w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(s.eos));
+  w.add_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(s.pad));
   w.add_bool("tokenizer.ggml.add_bos_token", true);
   w.add_bool("tokenizer.ggml.add_eos_token", false);
 }
@@ -66,7 +66,8 @@ void add_gguf_special_ids(GgufWriter& w) {
 // splitter is GPT-2's regex (llama.cpp's default for an unknown BPE would split otherwise).
 // Token types as llama.cpp's converter gives them: special added tokens and those that look
 // special (<|...|>) control, the other added ones user-defined.
-void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe) {
+void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe,
+                                   const SpecialIds& specials) {
   std::vector<std::string> tokens, merges;
   std::vector<int32_t> types;
   for (int32_t id = 0; id < bpe.vocab_size(); ++id) {
@@ -82,14 +83,15 @@ void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe) {
   w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_i32s("tokenizer.ggml.token_type", types);
   w.add_strings("tokenizer.ggml.merges", merges);
-  add_gguf_special_ids(w);
-  w.add_u32("tokenizer.ggml.eot_token_id", kEosId);  // pins llama.cpp's end-of-turn pick
+  add_gguf_special_ids(w, specials);
+  // pins llama.cpp's end-of-turn pick
+  w.add_u32("tokenizer.ggml.eot_token_id", static_cast<uint32_t>(specials.eos));
 }
 
 // The tokenizer as llama.cpp's "llama" (sentencepiece) vocabulary.
 void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   if (tok.byte_level_bpe()) {
-    add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe());
+    add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe(), tok.specials());
     return;
   }
   std::vector<std::string> tokens;
@@ -104,7 +106,7 @@ void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_f32s("tokenizer.ggml.scores", scores);
   w.add_i32s("tokenizer.ggml.token_type", types);
-  add_gguf_special_ids(w);
+  add_gguf_special_ids(w, tok.specials());
   if (const int32_t unk = tok.unknown_id(); unk >= 0)
     w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(unk));
   // Our sentencepiece model adds no dummy prefix; llama.cpp's default would add one and
@@ -201,7 +203,7 @@ std::string gguf_bytes(const EvalModel& em, ExportDtype dtype) {
   return w.bytes();
 }
 
-Json hf_config(const Config& cfg, ExportDtype dtype) {
+Json hf_config(const Config& cfg, ExportDtype dtype, const SpecialIds& specials) {
   const ModelConfig& m = cfg.model;
   Json c;
   c["architectures"] = {hf_architecture(m)};
@@ -220,7 +222,8 @@ Json hf_config(const Config& cfg, ExportDtype dtype) {
   c["attention_bias"] = false;
   c["attention_dropout"] = 0.0;
   c["tie_word_embeddings"] = m.tie_word_embeddings;
-  c["bos_token_id"] = kBosId, c["eos_token_id"] = kEosId, c["pad_token_id"] = kPadId;
+  c["bos_token_id"] = specials.bos, c["eos_token_id"] = specials.eos;
+  c["pad_token_id"] = specials.pad;
   if (m.use_moe) {
     c["num_experts"] = m.num_experts;
     c["num_experts_per_tok"] = m.num_experts_per_tok;
@@ -253,9 +256,11 @@ std::map<std::string, std::string> hf_files(const EvalModel& em, ExportDtype dty
                                                      : "BF16";
   std::map<std::string, std::string> files;
   files["model.safetensors"] = safetensors_bytes(tensors, st, {{"format", "pt"}});
-  files["config.json"] = hf_config(em.config, dtype).dump(2) + "\n";
+  const SpecialIds& specials = em.tokenizer->specials();
+  files["config.json"] = hf_config(em.config, dtype, specials).dump(2) + "\n";
   Json gen;
-  gen["bos_token_id"] = kBosId, gen["eos_token_id"] = kEosId, gen["pad_token_id"] = kPadId;
+  gen["bos_token_id"] = specials.bos, gen["eos_token_id"] = specials.eos;
+  gen["pad_token_id"] = specials.pad;
   gen["do_sample"] = true;  // MiniMind's sampling defaults
   gen["temperature"] = 0.85, gen["top_p"] = 0.85, gen["top_k"] = 50;
   gen["repetition_penalty"] = 1.0;

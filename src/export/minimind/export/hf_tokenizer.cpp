@@ -66,7 +66,7 @@ std::string hf_tokenizer_json(const Tokenizer& tok) {
   Json merge_list = Json::array();
   for (const auto& m : merges) merge_list.push_back(Json::array({std::get<3>(m), std::get<4>(m)}));
 
-  const std::string bos = tok.piece(kBosId);
+  const std::string bos = tok.piece(tok.specials().bos);
   Json j;
   j["version"] = "1.0";
   j["truncation"] = nullptr;
@@ -87,7 +87,7 @@ std::string hf_tokenizer_json(const Tokenizer& tok) {
                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
                             {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
                             {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
-      {"special_tokens", {{bos, {{"id", bos}, {"ids", {kBosId}}, {"tokens", {bos}}}}}}};
+      {"special_tokens", {{bos, {{"id", bos}, {"ids", {tok.specials().bos}}, {"tokens", {bos}}}}}}};
   j["decoder"] = {
       {"type", "Sequence"},
       {"decoders",
@@ -112,9 +112,9 @@ std::string hf_tokenizer_json(const Tokenizer& tok) {
 std::string hf_tokenizer_config(const Tokenizer& tok, int64_t model_max_length) {
   Json c;
   c["tokenizer_class"] = "PreTrainedTokenizerFast";
-  c["bos_token"] = tok.piece(kBosId);
-  c["eos_token"] = tok.piece(kEosId);
-  c["pad_token"] = tok.piece(kPadId);
+  c["bos_token"] = tok.piece(tok.specials().bos);
+  c["eos_token"] = tok.piece(tok.specials().eos);
+  c["pad_token"] = tok.piece(tok.specials().pad);
   if (tok.unknown_id() >= 0) c["unk_token"] = tok.piece(tok.unknown_id());
   // Ours adds [bos] in its post-processor; a tokenizer.json taken as it is (MiniMind's)
   // adds none, and MiniMind's scripts put [bos] in themselves.

@@ -196,8 +196,16 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
     const std::string name = run_tokenizer_name(prepared->tokenizer_path);
     for (const char* other : {"tokenizer.json", "tokenizer.model"})
       if (name != other) fs::remove(fs::path(run_dir) / other);
-    fs::copy_file(prepared->tokenizer_path, fs::path(run_dir) / name,
-                  fs::copy_options::overwrite_existing);
+    // Written whole or not at all: a crash here leaves the previous copy.
+    const Tokenizer tok = Tokenizer::from_file(prepared->tokenizer_path);
+    write_file_atomic((fs::path(run_dir) / name).string(), tok.model_bytes());
+    // A tokenizer.json's pad, bos and eos by name, as read (perhaps from a
+    // tokenizer_config.json beside the original), so the run's copy reads the same.
+    const fs::path names = fs::path(run_dir) / "tokenizer_config.json";
+    if (tok.is_hf_json())
+      write_file_atomic(names.string(), tok.special_names_json());
+    else
+      fs::remove(names);
   }
   s.train_tokens = TokenFile::open(prepared->train_path);
   if (!prepared->val_path.empty() && prepared->val_docs > 0)
