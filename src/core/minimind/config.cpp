@@ -125,6 +125,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, eval_interval),
       MM_FIELD(train, checkpoint_interval),
       MM_FIELD(train, keep_checkpoints),
+      MM_FIELD(train, init_from),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),

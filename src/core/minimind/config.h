@@ -113,6 +113,10 @@ struct TrainConfig {
   int64_t eval_interval = 100;
   int64_t checkpoint_interval = 1000;
   int64_t keep_checkpoints = 3;
+  // Weights to start from instead of random ones (with a fresh optimizer, step counter,
+  // data position and schedule): a run directory (its newest checkpoint), a checkpoint
+  // directory or a MiniMind .pth. "" = random initialisation from run.seed.
+  std::string init_from;
 };
 
 struct LogConfig {

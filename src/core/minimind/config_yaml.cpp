@@ -256,7 +256,8 @@ Config load_file(const std::string& path, std::vector<std::string>& chain) {
   const fs::path dir = fs::absolute(fs::path(path)).parent_path();
   for (auto [key, value] :
        {std::pair{"data.train", &cfg.data.train}, std::pair{"data.val", &cfg.data.val},
-        std::pair{"data.tokenizer", &cfg.data.tokenizer}})
+        std::pair{"data.tokenizer", &cfg.data.tokenizer},
+        std::pair{"train.init_from", &cfg.train.init_from}})
     if (cfg.origin.count(key) && !value->empty() && fs::path(*value).is_relative())
       *value = (dir / *value).lexically_normal().string();
   return cfg;

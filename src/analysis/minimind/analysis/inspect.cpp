@@ -28,6 +28,7 @@ std::string sparkline(const std::vector<double>& values, size_t width) {
 
 std::string inspect_text(const RunLogs& logs, size_t width) {
   std::string out = fmt::format("run {} — step {}\n", logs.run_dir, logs.last_step());
+  if (logs.init) out += "  started from " + logs.init->message + "\n";
   if (!logs.train.empty()) {
     std::vector<double> loss;
     for (const auto& p : logs.train) loss.push_back(p.loss);

@@ -196,6 +196,7 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
         "<p class=\"running\">running: step {} of {}, written {}; this page reloads every {} "
         "s</p>\n",
         running->step, running->max_steps, esc(running->written_at), running->refresh_seconds);
+  if (logs.init) html += "<p>Started from " + esc(logs.init->message) + ".</p>\n";
 
   Series loss{"train loss", "#1f77b4", {}}, val{"val loss", "#d62728", {}}, lr{"lr", "#2ca02c", {}};
   for (const auto& p : logs.train)

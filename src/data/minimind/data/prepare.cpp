@@ -424,4 +424,9 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   return out;
 }
 
+std::string file_content_key(const std::string& path, const char* what) {
+  KeyBuilder kb;
+  return hex(kb.add_file(path, what).key());
+}
+
 }  // namespace minimind

@@ -36,6 +36,10 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
 // run directory.
 void check_data_paths(const Config& cfg);
 
+// The content key of a file's bytes (XXH3-128, 32 hex digits), the hash the cache names its
+// files by: what a run records of the weights it started from. Throws DataError.
+std::string file_content_key(const std::string& path, const char* what);
+
 // Which records of a corpus of n records are held out for validation: exactly
 // ceil(fraction * n) of them (but never all: one record always stays for training), spread
 // over the corpus, the same for the same n.

@@ -14,29 +14,45 @@ namespace fs = std::filesystem;
 
 namespace minimind {
 
+WeightsSource find_weights(const std::string& path) {
+  WeightsSource w;
+  if (!fs::exists(path)) throw CheckpointError("checkpoint '" + path + "' does not exist");
+  if (!fs::is_directory(path)) {
+    w.weights = path;
+    return w;
+  }
+  std::string ckpt;
+  if (fs::exists(fs::path(path) / "checkpoints")) {  // a run directory: its newest checkpoint
+    auto latest = latest_checkpoint(path);
+    if (!latest) throw CheckpointError("run directory '" + path + "' has no complete checkpoint");
+    ckpt = *latest;
+  } else if (fs::exists(fs::path(path) / "state.json") ||
+             fs::exists(fs::path(path) / "model.pth")) {
+    ckpt = path;
+  } else {
+    throw CheckpointError("'" + path +
+                              "' is neither a run directory (it has no checkpoints/) nor a "
+                              "checkpoint directory (no state.json, no model.pth)",
+                          "give a run directory such as runs/moe, one of its "
+                          "checkpoints/step_N directories, or a .pth file with --config");
+  }
+  const TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
+  w.step = state.step;
+  w.config = load_config_string(state.config_yaml, ckpt + "/state.json");
+  w.run_dir = fs::path(ckpt).parent_path().parent_path().string();
+  w.weights = (fs::path(ckpt) / "model.pth").string();
+  return w;
+}
+
 EvalModel load_eval_model(const std::string& path, const std::string& config_path,
                           const std::string& tokenizer_path, bool need_tokenizer) {
   EvalModel m;
-  if (!fs::exists(path)) throw CheckpointError("checkpoint '" + path + "' does not exist");
-  std::string ckpt;
-  if (fs::is_directory(path)) {
-    if (fs::exists(fs::path(path) / "checkpoints")) {  // a run directory: its newest checkpoint
-      auto latest = latest_checkpoint(path);
-      if (!latest) throw CheckpointError("run directory '" + path + "' has no complete checkpoint");
-      ckpt = *latest;
-    } else if (fs::exists(fs::path(path) / "state.json") ||
-               fs::exists(fs::path(path) / "model.pth")) {
-      ckpt = path;
-    } else {
-      throw CheckpointError("'" + path +
-                                "' is neither a run directory (it has no checkpoints/) nor a "
-                                "checkpoint directory (no state.json, no model.pth)",
-                            "give a run directory such as runs/moe, one of its "
-                            "checkpoints/step_N directories, or a .pth file with --config");
-    }
-    TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
-    m.step = state.step;
-    m.config = load_config_string(state.config_yaml, ckpt + "/state.json");
+  const WeightsSource source = find_weights(path);
+  m.weights = source.weights;
+  m.run_dir = source.run_dir;
+  m.step = source.step;
+  if (source.config) {
+    m.config = *source.config;
     if (!config_path.empty()) {
       // A --config may change how the model is evaluated (data, precision, threads), never
       // what the trained weights compute.
@@ -54,15 +70,12 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
                           "used, or fix the model keys to match it");
       m.config = given;
     }
-    m.run_dir = fs::path(ckpt).parent_path().parent_path().string();
-    m.weights = (fs::path(ckpt) / "model.pth").string();
   } else {
     if (config_path.empty())
       throw ConfigError("config error: '" + path +
                         "' is a bare weights file; pass --config FILE.yaml "
                         "describing its model");
     m.config = load_config_file(find_config_file(config_path));
-    m.weights = path;
   }
   validate_and_resolve(m.config);
   check_model_fits_memory(m.config.model, /*training=*/false);

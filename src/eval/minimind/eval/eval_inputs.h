@@ -21,6 +21,18 @@ struct EvalModel {
   int64_t step = 0;     // the checkpoint's optimizer steps (0 for a bare .pth)
 };
 
+// Where a model's weights are, from what a user named: a run directory (its newest
+// checkpoint), a checkpoint directory (checkpoints/step_X/, its state.json read), or a bare
+// .pth file. Throws CheckpointError for a missing path, a directory that is neither, a run
+// without a complete checkpoint or a damaged state.json.
+struct WeightsSource {
+  std::string weights;           // the .pth
+  std::string run_dir;           // the run it belongs to, "" for a bare .pth
+  std::optional<Config> config;  // the checkpoint's own (none for a bare .pth)
+  int64_t step = 0;              // the checkpoint's optimizer steps (0 for a bare .pth)
+};
+WeightsSource find_weights(const std::string& path);
+
 // path: checkpoints/step_X/ (config from its state.json), a run directory (its newest
 // checkpoint), or a .pth file (config_path required). The tokenizer is tokenizer_path, else
 // the run's own copy (tokenizer.json or tokenizer.model), else the config's data.tokenizer;

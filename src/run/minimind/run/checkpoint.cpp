@@ -255,6 +255,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                         {"config", state.config_yaml},
                         {"matmul", state.matmul},
                         {"monitor", state.monitor}};
+    if (!state.init_from.is_null()) j["init_from"] = state.init_from;
     if (state.plan) j["plan"] = state.plan->to_json();
     // The other files are zip archives with a CRC per entry; this one carries its own: the
     // CRC-32 of its text without this field (nlohmann writes an object's keys sorted, so the
@@ -360,6 +361,7 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
+  if (const auto i = j.find("init_from"); i != j.end() && i->is_object()) s.init_from = *i;
   if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) s.matmul = *m;
   if (const auto p = j.find("plan"); p != j.end()) {
     try {

@@ -45,6 +45,10 @@ struct TrainState {
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a
   // checkpoint predates it (the monitors then start afresh).
   nlohmann::json monitor;
+  // The weights the run started from (train.init_from): an object with "path" (as given),
+  // "weights" (the .pth read), "step" (its checkpoint's step, 0 for a bare .pth) and
+  // "content_key" (XXH3-128 of the .pth's bytes); null for a run from random weights.
+  nlohmann::json init_from;
 };
 
 // One owner per run directory: an advisory lock (flock) on run_dir/.lock, held while the

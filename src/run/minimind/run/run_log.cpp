@@ -243,6 +243,7 @@ RunLogs read_run_logs(const std::string& run_dir) {
     // Kinds of event this version does not know are left for the tools that do.
     if (*event == "collapse") r.collapses.push_back(j.get<CollapseRecord>());
     if (*event == "uninformative") r.uninformative.push_back(j.get<UninformativeRecord>());
+    if (*event == "init_from") r.init = j.get<InitRecord>();
   });
   return r;
 }

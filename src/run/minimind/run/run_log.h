@@ -5,7 +5,7 @@
 //                      EvalRecord ("split": "eval", one per evaluation)
 //   expert_load.jsonl  LoadRecord, one per (step, MoE layer) and per (evaluation, layer)
 //   events.jsonl       CollapseRecord ("event": "collapse"), UninformativeRecord
-//                      ("event": "uninformative")
+//                      ("event": "uninformative"), InitRecord ("event": "init_from")
 //
 // minimind-eval --json prints an EvalSummary (with LoadRecords) in the same way.
 //
@@ -152,6 +152,23 @@ struct UninformativeRecord {
   }
 };
 
+// events.jsonl: the run started from trained weights (train.init_from), at step 0.
+struct InitRecord {
+  int64_t step = 0;
+  std::string path;         // as given
+  std::string weights;      // the .pth read
+  int64_t source_step = 0;  // its checkpoint's step (0 for a bare .pth)
+  std::string content_key;  // XXH3-128 of the .pth's bytes
+  std::string message;      // as logged
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("event", Tag{"init_from"});
+    f("step", r.step), f("path", r.path), f("weights", r.weights);
+    f("source_step", r.source_step), f("content_key", r.content_key), f("message", r.message);
+  }
+};
+
 // minimind-eval --json: loss and expert load of a checkpoint on a corpus.
 struct EvalSummary {
   double loss = 0, ppl = 0;
@@ -178,7 +195,7 @@ struct EvalSummary {
 // Every record type, for code that does the same for each (X is a macro taking the type).
 #define MINIMIND_RUN_LOG_RECORDS(X) \
   X(TrainRecord)                    \
-  X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(EvalSummary)
+  X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(InitRecord) X(EvalSummary)
 
 // JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
 // throws DataError naming the field.
@@ -200,6 +217,7 @@ class RunLogWriter {
   void write(const LoadRecord& r) { append(loads_, r); }
   void write(const CollapseRecord& r) { append(events_, r); }
   void write(const UninformativeRecord& r) { append(events_, r); }
+  void write(const InitRecord& r) { append(events_, r); }
 
  private:
   static void open(std::ofstream& out, const std::string& path, int64_t keep_until_step);
@@ -216,6 +234,7 @@ struct RunLogs {
   std::map<int64_t, std::vector<LoadRecord>> eval_load;   // layer -> one per evaluation
   std::vector<CollapseRecord> collapses;
   std::vector<UninformativeRecord> uninformative;
+  std::optional<InitRecord> init;  // the weights the run started from, if not random
   int64_t last_step() const;
 };
 

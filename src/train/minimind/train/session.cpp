@@ -3,10 +3,13 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "minimind/data/prepare.h"
 #include "minimind/data/tokenizer.h"
+#include "minimind/eval/eval_inputs.h"
+#include "minimind/model/weights_io.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/allocator.h"
@@ -64,6 +67,46 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step,
            saved_state.tokens);
   return saved.train.batch_size;
+}
+
+// train.init_from, checked before the run directory is touched: not with --resume, not
+// inside the run's own output, weights whose names and shapes fit the configured model, and
+// the tokenizer they were trained with (the source run's, unless data.tokenizer names one;
+// cfg.data.tokenizer is set to it) with the weights' vocabulary. Throws ConfigError /
+// CheckpointError / WeightsError / TokenizerError.
+WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
+  const std::string& from = cfg.train.init_from;
+  const auto origin = cfg.origin.find("train.init_from");
+  const std::string key =
+      "train.init_from (" + (origin == cfg.origin.end() ? "default" : origin->second) + ")";
+  const fs::path own = fs::weakly_canonical(fs::absolute(run_dir));
+  const fs::path src = fs::weakly_canonical(fs::absolute(from));
+  const auto [o, s] = std::mismatch(own.begin(), own.end(), src.begin(), src.end());
+  if (o == own.end())
+    throw ConfigError(key + ": '" + from + "' is inside this run's own directory '" + run_dir +
+                          "', which the run writes",
+                      "start from another run's weights (or a copy of these), or train into "
+                      "another --out");
+  WeightsSource w = find_weights(from);
+  try {
+    MiniMindForCausalLM probe(cfg.model);  // names and shapes, as an import checks them
+    load_weights(probe, w.weights);
+  } catch (const WeightsError& e) {
+    throw WeightsError(key + ": " + e.what());
+  }
+  if (cfg.data.tokenizer.empty()) {
+    const std::string theirs = w.run_dir.empty() ? "" : run_tokenizer_file(w.run_dir);
+    if (theirs.empty())
+      throw ConfigError(key + ": '" + from +
+                            "' brings no tokenizer and data.tokenizer is empty: a tokenizer "
+                            "trained from data.train would give ids the weights do not know",
+                        "set data.tokenizer to the tokenizer the weights were trained with "
+                        "(for a MiniMind .pth: its model/tokenizer.json)");
+    cfg.data.tokenizer = theirs;
+    cfg.origin["data.tokenizer"] = "the tokenizer of train.init_from's run";
+  }
+  Tokenizer::from_file(cfg.data.tokenizer).check_vocab_size(cfg.model.vocab_size);
+  return w;
 }
 
 // Keys a rank may set for itself: how fast it runs, how long it waits, where its files are
@@ -158,7 +201,8 @@ void settle_matmul(TrainSession& s, const Config& cfg, const std::optional<Train
   }
 }
 
-void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFlag* stop) {
+void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSource>& init,
+            Distributed& dist, const StopFlag* stop) {
   const bool main_rank = dist.is_main();
   const std::string& run_dir = s.run.path;
   spdlog::logger& log = *s.log;
@@ -168,6 +212,18 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   std::optional<TrainState> saved;
   if (s.run.checkpoint) {
     saved = read_checkpoint_state(*s.run.checkpoint);
+    // A run started from train.init_from resumes from its own checkpoint; other weights
+    // named now would be ignored, so they are refused.
+    const std::string& from = cfg.train.init_from;
+    if (!from.empty() &&
+        (!saved->init_from.is_object() || saved->init_from.value("path", "") != from))
+      throw ConfigError(
+          "--resume and train.init_from ('" + from +
+              "') together: the run resumes from its "
+              "checkpoint " +
+              *s.run.checkpoint + ", which did not start from those weights",
+          "leave out --resume to start a new run from the weights (--overwrite replaces "
+          "this one), or leave out train.init_from to resume");
     saved_batch_size = check_resumed_config(cfg, *saved, *s.run.checkpoint, run_dir, log);
   }
   settle_matmul(s, cfg, saved, dist);
@@ -242,9 +298,23 @@ void set_up(TrainSession& s, const Config& cfg, Distributed& dist, const StopFla
   // starts from the same whole-model weights.
   s.model = MiniMindForCausalLM(cfg.model);
   init_weights(s.model);
+  if (init && !s.run.checkpoint) load_weights(s.model, init->weights);  // whole model, then shard
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
+  if (init && !s.run.checkpoint) {
+    s.state.init_from = {
+        {"path", cfg.train.init_from},
+        {"weights", init->weights},
+        {"step", init->step},
+        {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
+    if (main_rank)
+      log.info(
+          "weights from {} (step {} of its run; {}, content key {}); optimizer, step, data "
+          "position and schedule start afresh",
+          cfg.train.init_from, init->step, init->weights,
+          s.state.init_from["content_key"].get<std::string>());
+  }
   s.state.config_yaml = config_yaml;
   s.state.plan = s.plan;
   s.state.matmul = name_of(s.plan.matmul);
@@ -294,6 +364,9 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   check_data_paths(cfg);
   check_model_fits_memory(cfg.model, /*training=*/true);
   check_ranks_agree(cfg, dist);  // refusals here leave the run directory alone
+  Config run_cfg = cfg;          // with the tokenizer of train.init_from's run
+  std::optional<WeightsSource> init;
+  if (!cfg.train.init_from.empty()) init = check_init_source(run_cfg, run_dir);
   s->plan =
       plan_compute(cfg, this_machine(),
                    {true, cfg.train.batch_size, dist.world_size(), dist.env().local_world_size});
@@ -302,7 +375,7 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
                               {cfg.data.train, cfg.data.val, cfg.data.tokenizer});
   make_run_loggers(*s, run_dir, resume, dist.rank());
   try {
-    set_up(*s, cfg, dist, stop);
+    set_up(*s, run_cfg, init, dist, stop);
   } catch (const std::exception& e) {
     log_failure(*s, e);
     throw;

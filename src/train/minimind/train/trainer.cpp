@@ -83,6 +83,15 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   if (main_rank) {
     bus.add(
         logs.emplace(run_dir, s->run.checkpoint ? state.step : -1, cfg.model.router_aux_loss_coef));
+    if (!s->run.checkpoint && state.init_from.is_object()) {
+      const nlohmann::json& i = state.init_from;
+      InitRecord r;
+      r.path = i.value("path", ""), r.weights = i.value("weights", "");
+      r.source_step = i.value("step", int64_t{0}), r.content_key = i.value("content_key", "");
+      r.message = "weights from " + r.path + " (step " + std::to_string(r.source_step) +
+                  " of its run, content key " + r.content_key + ")";
+      logs->write(r);
+    }
     bus.add(watcher.emplace(
         CollapseThresholds{cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
                            cfg.log.collapse_patience},

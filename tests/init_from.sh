@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# train.init_from end to end: a run started from another run's weights begins where that
+# one ended (its step-0 validation loss is the source's last, bit for bit, with a fresh
+# optimizer and step count), keeps the source's tokenizer, records the source in state.json,
+# events.jsonl, inspect and the report, and resumes after it stopped. Bad sources are
+# refused before the run directory is touched.
+# Usage: init_from.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD=$(realpath "$1")
+SRC=$(realpath "$2")
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export MINIMIND_CONSOLE_WIDTH=0
+TRAIN="$BUILD/app/minimind-train"
+EVAL="$BUILD/app/minimind-eval"
+cd "$WORK"
+head -n 300 "$SRC/data/austen.jsonl" > corpus.jsonl
+cat > tiny.yaml <<YAML
+run: {name: tiny, seed: 3, threads: 1}
+model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
+        vocab_size: 512, max_position_embeddings: 256, use_moe: true, num_experts: 4,
+        norm_topk_prob: false}
+data: {train: corpus.jsonl, cache_dir: cache, max_seq_len: 64, val_fraction: 0.05}
+train: {batch_size: 8, accumulation_steps: 1, max_steps: 6, warmup_steps: 1,
+        learning_rate: 2.0e-3, eval_interval: 3, checkpoint_interval: 3, keep_checkpoints: 2}
+log: {interval: 1}
+YAML
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# expect_refusal NAME MESSAGE ARGS...: exit 1, MESSAGE in stderr.
+expect_refusal() {
+  local name=$1 message=$2
+  shift 2
+  if "$TRAIN" --config tiny.yaml "$@" > "$name.log" 2>&1; then fail "$name: accepted"; fi
+  grep -q -- "$message" "$name.log" || { cat "$name.log" >&2; fail "$name: no '$message'"; }
+}
+val_losses() {  # step val_loss of a run's evaluations
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if j.get("split") == "eval":
+        print(j["step"], repr(j["val_loss"]))' "$1/metrics.jsonl"
+}
+
+"$TRAIN" --config tiny.yaml --out a > a.log 2>&1 || { cat a.log >&2; fail "run a"; }
+"$TRAIN" --config tiny.yaml --out b --set train.init_from=a --set train.max_steps=3 > b.log 2>&1 ||
+  { cat b.log >&2; fail "run b"; }
+a_last=$(val_losses a | tail -1 | cut -d' ' -f2)
+b_first=$(val_losses b | sed -n 1p)
+[ "$b_first" = "0 $a_last" ] || fail "b's step-0 validation loss '$b_first' is not a's last '$a_last'"
+cmp -s a/tokenizer.model b/tokenizer.model || fail "b does not use a's tokenizer"
+python3 - <<'PY' || exit 1
+import glob, json
+state = json.load(open(sorted(glob.glob("b/checkpoints/step_*/state.json"))[-1]))
+i = state.get("init_from")
+assert i and i["path"] == "a" and i["step"] == 6 and len(i["content_key"]) == 32, i
+assert i["weights"].endswith("a/checkpoints/step_00000006/model.pth"), i
+ev = [json.loads(l) for l in open("b/events.jsonl")]
+assert any(e["event"] == "init_from" and e["content_key"] == i["content_key"] for e in ev), ev
+print("init_from recorded:", i)
+PY
+"$EVAL" inspect b | grep -q "started from weights from a (step 6" || fail "inspect does not say"
+grep -q "Started from weights from a (step 6" b/report.html || fail "the report does not say"
+
+# Resumed after it stopped: the checkpoint's weights, the same init_from allowed.
+"$TRAIN" --config tiny.yaml --out b --set train.init_from=a --set train.max_steps=6 --resume \
+  > b2.log 2>&1 || { cat b2.log >&2; fail "resuming b"; }
+grep -q "resuming b/checkpoints/step_00000003" b2.log || fail "b did not resume"
+
+# Refused before anything is written.
+expect_refusal resume "--resume and train.init_from ('b') together" --out a --resume \
+  --set train.init_from=b
+expect_refusal own "is inside this run's own directory" --out a --overwrite \
+  --set train.init_from=a/checkpoints/step_00000006
+[ -d a/checkpoints/step_00000006 ] || fail "refusing to start from its own output deleted it"
+expect_refusal shape "train.init_from (--set train.init_from=a): weights in .* do not match the model config" \
+  --out c --set train.init_from=a --set model.hidden_size=32 --set model.num_attention_heads=2 \
+  --set model.num_key_value_heads=1
+expect_refusal bare "brings no tokenizer and data.tokenizer is empty" --out c \
+  --set train.init_from=a/checkpoints/step_00000006/model.pth
+expect_refusal missing "checkpoint 'nowhere' does not exist" --out c --set train.init_from=nowhere
+expect_refusal vocab "has 6400 pieces but model.vocab_size is 512" --out c \
+  --set train.init_from=a --set data.tokenizer="$SRC/tests/data/minimind-tokenizer/tokenizer.json"
+[ ! -e c ] || fail "a refused run left c/ behind"
+echo "init_from: all checks passed"
