@@ -2,8 +2,9 @@
 # train.init_from end to end: a run started from another run's weights begins where that
 # one ended (its step-0 validation loss is the source's last, bit for bit, with a fresh
 # optimizer and step count), keeps the source's tokenizer, records the source in state.json,
-# events.jsonl, inspect and the report, and resumes after it stopped. Bad sources are
-# refused before the run directory is touched.
+# events.jsonl, inspect and the report, and resumes after it stopped; a dense run upcycled
+# into experts keeps its function (train.init_mode: upcycle). Bad sources are refused
+# before the run directory is touched.
 # Usage: init_from.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=$(realpath "$1")
@@ -81,5 +82,28 @@ expect_refusal bare "brings no tokenizer and data.tokenizer is empty" --out c \
 expect_refusal missing "checkpoint 'nowhere' does not exist" --out c --set train.init_from=nowhere
 expect_refusal vocab "has 6400 pieces but model.vocab_size is 512" --out c \
   --set train.init_from=a --set data.tokenizer="$SRC/tests/data/minimind-tokenizer/tokenizer.json"
+# Upcycling: a dense run's feed-forward into every expert. With renormalised top-k weights
+# the experts' weighted sum is the dense output again, so the upcycled model's step-0
+# validation loss is the dense model's last (to 1e-5: the weights sum to 1 in float).
+"$TRAIN" --config tiny.yaml --out dense --set model.use_moe=false > dense.log 2>&1 ||
+  { cat dense.log >&2; fail "dense run"; }
+dense_last=$(val_losses dense | tail -1 | cut -d' ' -f2)
+for k in 1 2; do
+  "$TRAIN" --config tiny.yaml --out up$k --set train.init_from=dense --set train.init_mode=upcycle \
+    --set model.norm_topk_prob=true --set model.num_experts_per_tok=$k --set train.max_steps=3 \
+    > up$k.log 2>&1 || { cat up$k.log >&2; fail "upcycled run top-$k"; }
+  up_first=$(val_losses up$k | sed -n 1p | cut -d' ' -f2)
+  python3 -c "import sys; d = abs(float(sys.argv[1]) - float(sys.argv[2])); \
+print(f'upcycled top-$k step 0: {float(sys.argv[2]):.7f}, dense {float(sys.argv[1]):.7f}, |diff| {d:.1e}'); \
+sys.exit(d > 1e-5)" "$dense_last" "$up_first" || fail "upcycling top-$k changed the function"
+done
+grep -q "upcycled: every expert a copy" up1.log || fail "the log does not say it upcycled"
+expect_refusal moe_source "hold experts (model.layers.0.mlp.experts.0" --out c \
+  --set train.init_from=a --set train.init_mode=upcycle
+expect_refusal dense_target "this run's model is dense" --out c --set train.init_from=dense \
+  --set train.init_mode=upcycle --set model.use_moe=false
+expect_refusal no_source "upcycle needs train.init_from" --out c --set train.init_mode=upcycle
+expect_refusal narrow "moe_intermediate_size equal to its intermediate_size" --out c \
+  --set train.init_from=dense --set train.init_mode=upcycle --set model.moe_intermediate_size=64
 [ ! -e c ] || fail "a refused run left c/ behind"
 echo "init_from: all checks passed"

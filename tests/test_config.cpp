@@ -412,7 +412,8 @@ TEST(ConfigRoundTrip, PythonYamlReadsTheSameValues) {
       "d['train']['eps'] == 1e-08 and d['model']['rope_theta'] == 1e6 and "
       "all(not isinstance(v, str) or k in ('name', 'hidden_act', 'train', "
       "'val', 'tokenizer', 'mode', 'cache_dir', 'aux_loss_scope', 'scoring_func', "
-      "'capacity_drop_policy', 'router', 'console', 'precision', 'matmul', 'init_from') "
+      "'capacity_drop_policy', 'router', 'console', 'precision', 'matmul', 'init_from', "
+      "'init_mode') "
       "for s in "
       "d.values() for "
       "k, v in s.items()) else 1)\" " +

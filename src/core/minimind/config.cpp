@@ -126,6 +126,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, checkpoint_interval),
       MM_FIELD(train, keep_checkpoints),
       MM_FIELD(train, init_from),
+      MM_FIELD(train, init_mode),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
@@ -336,6 +337,10 @@ void validate_train(const Checker& c, const TrainConfig& t) {
   c.positive("train.eval_interval", t.eval_interval);
   c.positive("train.checkpoint_interval", t.checkpoint_interval);
   c.positive("train.keep_checkpoints", t.keep_checkpoints);
+  if (t.init_mode != "copy" && t.init_mode != "upcycle")
+    c.fail("train.init_mode", "must be \"copy\" or \"upcycle\", got \"" + t.init_mode + "\"");
+  if (t.init_mode == "upcycle" && t.init_from.empty())
+    c.fail("train.init_mode", "upcycle needs train.init_from (the dense model's weights)");
 }
 
 void validate_run(const Checker& c, const RunConfig& r) {

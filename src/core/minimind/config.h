@@ -117,6 +117,10 @@ struct TrainConfig {
   // data position and schedule): a run directory (its newest checkpoint), a checkpoint
   // directory or a MiniMind .pth. "" = random initialisation from run.seed.
   std::string init_from;
+  // How init_from's weights become this model's: "copy" (the same names and shapes) or
+  // "upcycle" (a dense model's into an MoE one: every routed and shared expert starts as a
+  // copy of the layer's dense feed-forward, the router from run.seed; weights_io.h).
+  std::string init_mode = "copy";
 };
 
 struct LogConfig {

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -99,29 +101,41 @@ NamedTensors read_tensor_dict(const std::string& path) {
   return out;
 }
 
-void load_weights(MiniMindForCausalLM& model, const std::string& path) {
+namespace {
+
+// Loads the file's tensors into the model, each model tensor from the file's tensor
+// `source_of(name)` names ("" : it keeps its value); the names and shapes are checked first
+// and the first mismatches listed. `unused_ok(file_name)`: a file tensor no model tensor
+// reads that is not an error.
+void load_mapped(MiniMindForCausalLM& model, const std::string& path,
+                 const std::function<std::string(const std::string&)>& source_of,
+                 const std::function<bool(const std::string&)>& unused_ok,
+                 const std::string& hint) {
   std::map<std::string, torch::Tensor> file;
   for (auto& [name, t] : read_tensor_dict(path)) file[name] = t;
 
   std::vector<std::string> problems;
   std::map<std::string, torch::Tensor> expected;
   for (const auto& [name, t] : state_dict(model)) expected[name] = t;
+  std::set<std::string> read;
   for (const auto& [name, t] : expected) {
-    auto it = file.find(name);
+    const std::string from = source_of(name);
+    if (from.empty()) continue;
+    read.insert(from);
+    const std::string shown = from == name ? name : name + " (from " + from + ")";
+    auto it = file.find(from);
     if (it == file.end()) {
-      problems.push_back("missing " + name + " " + c10::str(t.sizes()));
+      problems.push_back("missing " + from + " " + c10::str(t.sizes()) +
+                         (from == name ? "" : " for " + name));
     } else if (it->second.sizes() != t.sizes()) {
-      problems.push_back("shape of " + name + ": file " + c10::str(it->second.sizes()) +
+      problems.push_back("shape of " + shown + ": file " + c10::str(it->second.sizes()) +
                          ", model " + c10::str(t.sizes()));
     } else if (!it->second.is_floating_point()) {
-      problems.push_back(name + " is not a floating-point tensor");
+      problems.push_back(from + " is not a floating-point tensor");
     }
   }
-  std::set<std::string> elsewhere;  // other ranks' experts: in the file, not loaded here
-  for (const ParamSlot& p : full_parameters(model))
-    if (!p.local.defined()) elsewhere.insert(p.name);
   for (const auto& [name, t] : file)
-    if (!expected.count(name) && !elsewhere.count(name))
+    if (!read.count(name) && !unused_ok(name))
       problems.push_back("unexpected " + name + " " + c10::str(t.sizes()));
 
   if (!problems.empty()) {
@@ -130,17 +144,55 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path) {
         << " mismatch" << (problems.size() > 1 ? "es" : "") << "):";
     for (size_t i = 0; i < problems.size() && i < 8; ++i) msg << "\n  " << problems[i];
     if (problems.size() > 8) msg << "\n  ...";
-    msg << "\nhint: check model.hidden_size, num_hidden_layers, use_moe, num_experts, "
-           "n_shared_experts, router and router_bias_update_rate against the checkpoint's "
-           "config.";
+    msg << "\nhint: " << hint;
     throw WeightsError(msg.str());
   }
 
   torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters())
-    item.value().copy_(file.at(item.key()).to(item.value().scalar_type()));
+    if (const std::string from = source_of(item.key()); !from.empty())
+      item.value().copy_(file.at(from).to(item.value().scalar_type()));
   for (auto& item : model->named_buffers())
-    item.value().copy_(file.at(item.key()).to(item.value().scalar_type()));
+    if (const std::string from = source_of(item.key()); !from.empty())
+      item.value().copy_(file.at(from).to(item.value().scalar_type()));
+}
+
+}  // namespace
+
+void load_weights(MiniMindForCausalLM& model, const std::string& path) {
+  std::set<std::string> elsewhere;  // other ranks' experts: in the file, not loaded here
+  for (const ParamSlot& p : full_parameters(model))
+    if (!p.local.defined()) elsewhere.insert(p.name);
+  load_mapped(
+      model, path, [](const std::string& name) { return name; },
+      [&](const std::string& name) { return elsewhere.count(name) > 0; },
+      "check model.hidden_size, num_hidden_layers, use_moe, num_experts, n_shared_experts, "
+      "router and router_bias_update_rate against the checkpoint's config.");
+}
+
+void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path) {
+  for (const auto& [name, t] : read_tensor_dict(path))
+    if (name.find(".mlp.experts.") != std::string::npos)
+      throw WeightsError("weights in '" + path + "' hold experts (" + name +
+                             "): upcycling starts from a dense model",
+                         "train.init_mode: upcycle takes a dense run's weights; to start an MoE "
+                         "from an MoE, use train.init_mode: copy");
+  // model.layers.i.mlp.experts.j.X and model.layers.i.mlp.shared_experts.j.X read
+  // model.layers.i.mlp.X; the router (mlp.gate) and its bias keep their initial values.
+  static const std::regex expert(R"(^(model\.layers\.\d+\.mlp\.)(shared_)?experts\.\d+\.(.+)$)");
+  static const std::regex router(
+      R"(^model\.layers\.\d+\.mlp\.(gate\.weight|e_score_correction_bias)$)");
+  load_mapped(
+      model, path,
+      [](const std::string& name) -> std::string {
+        std::smatch m;
+        if (std::regex_match(name, m, expert)) return m[1].str() + m[3].str();
+        return std::regex_match(name, router) ? "" : name;
+      },
+      [](const std::string&) { return false; },
+      "upcycling needs the dense model of the same size: the same hidden_size, "
+      "num_hidden_layers, vocab_size and heads, and moe_intermediate_size equal to its "
+      "intermediate_size (fine-grained experts are not partitioned)");
 }
 
 }  // namespace minimind

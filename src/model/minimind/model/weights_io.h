@@ -33,6 +33,15 @@ void save_weights(const NamedTensors& tensors, const std::string& path,
 // leaves the others'.
 void load_weights(MiniMindForCausalLM& model, const std::string& path);
 
+// Sparse upcycling (Komatsuzaki et al., 2023): loads a dense model's weights into an MoE
+// model of the same size. Every routed and shared expert of layer i gets a copy of layer
+// i's dense feed-forward (model.layers.i.mlp.{gate,up,down}_proj.weight); the routers and
+// their selection biases keep their initial values; every other tensor is copied by name.
+// The experts must be as wide as the dense feed-forward (moe_intermediate_size =
+// intermediate_size). Throws WeightsError listing the first mismatches, and for a source
+// that already holds experts.
+void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path);
+
 // Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.
 NamedTensors read_tensor_dict(const std::string& path);
 

@@ -87,12 +87,22 @@ WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
                           "', which the run writes",
                       "start from another run's weights (or a copy of these), or train into "
                       "another --out");
+  const bool upcycle = cfg.train.init_mode == "upcycle";
+  if (upcycle && !cfg.model.use_moe)
+    throw ConfigError(
+        "train.init_mode: upcycle turns a dense model into an MoE one, and this "
+        "run's model is dense (model.use_moe: false)",
+        "set model.use_moe: true (with num_experts and num_experts_per_tok), or "
+        "train.init_mode: copy");
   WeightsSource w = find_weights(from);
   try {
     MiniMindForCausalLM probe(cfg.model);  // names and shapes, as an import checks them
-    load_weights(probe, w.weights);
+    if (upcycle)
+      load_weights_upcycled(probe, w.weights);
+    else
+      load_weights(probe, w.weights);
   } catch (const WeightsError& e) {
-    throw WeightsError(key + ": " + e.what());
+    throw WeightsError(key + (upcycle ? " with train.init_mode: upcycle" : "") + ": " + e.what());
   }
   if (cfg.data.tokenizer.empty()) {
     const std::string theirs = w.run_dir.empty() ? "" : run_tokenizer_file(w.run_dir);
@@ -298,22 +308,33 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
   // starts from the same whole-model weights.
   s.model = MiniMindForCausalLM(cfg.model);
   init_weights(s.model);
-  if (init && !s.run.checkpoint) load_weights(s.model, init->weights);  // whole model, then shard
+  // The whole model, then (expert parallelism) this rank's shard.
+  if (init && !s.run.checkpoint) {
+    if (cfg.train.init_mode == "upcycle")
+      load_weights_upcycled(s.model, init->weights);
+    else
+      load_weights(s.model, init->weights);
+  }
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
   if (init && !s.run.checkpoint) {
     s.state.init_from = {
         {"path", cfg.train.init_from},
+        {"mode", cfg.train.init_mode},
         {"weights", init->weights},
         {"step", init->step},
         {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
     if (main_rank)
       log.info(
-          "weights from {} (step {} of its run; {}, content key {}); optimizer, step, data "
+          "weights from {} (step {} of its run; {}, content key {}){}; optimizer, step, data "
           "position and schedule start afresh",
           cfg.train.init_from, init->step, init->weights,
-          s.state.init_from["content_key"].get<std::string>());
+          s.state.init_from["content_key"].get<std::string>(),
+          cfg.train.init_mode == "upcycle"
+              ? "; upcycled: every expert a copy of its layer's dense feed-forward, routers "
+                "from run.seed"
+              : "");
   }
   s.state.config_yaml = config_yaml;
   s.state.plan = s.plan;

@@ -89,7 +89,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
       r.path = i.value("path", ""), r.weights = i.value("weights", "");
       r.source_step = i.value("step", int64_t{0}), r.content_key = i.value("content_key", "");
       r.message = "weights from " + r.path + " (step " + std::to_string(r.source_step) +
-                  " of its run, content key " + r.content_key + ")";
+                  " of its run, content key " + r.content_key + ")" +
+                  (i.value("mode", "copy") == "upcycle" ? ", upcycled into experts" : "");
       logs->write(r);
     }
     bus.add(watcher.emplace(
