@@ -98,6 +98,12 @@ print(f'upcycled top-$k step 0: {float(sys.argv[2]):.7f}, dense {float(sys.argv[
 sys.exit(d > 1e-5)" "$dense_last" "$up_first" || fail "upcycling top-$k changed the function"
 done
 grep -q "upcycled: every expert a copy" up1.log || fail "the log does not say it upcycled"
+"$TRAIN" --config tiny.yaml --out drop --set train.init_from=dense --set train.init_mode=upcycle \
+  --set train.upcycle_drop=0.5 --set train.max_steps=2 > drop.log 2>&1 ||
+  { cat drop.log >&2; fail "Drop-Upcycling run"; }
+grep -q "with 0.5 of its units redrawn (Drop-Upcycling)" drop.log || fail "no Drop-Upcycling line"
+expect_refusal drop_alone "train.upcycle_drop .*needs train.init_mode: upcycle" --out c \
+  --set train.upcycle_drop=0.5
 expect_refusal moe_source "hold experts (model.layers.0.mlp.experts.0" --out c \
   --set train.init_from=a --set train.init_mode=upcycle
 expect_refusal dense_target "this run's model is dense" --out c --set train.init_from=dense \

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -226,6 +227,58 @@ TEST(WeightsIO, MismatchedConfigListsMismatches) {
     EXPECT_NE(msg.find("missing model.layers.0.mlp.up_proj.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("hint:"), std::string::npos) << msg;
   }
+}
+
+// Upcycling copies the dense feed-forward into every expert; Drop-Upcycling then redraws
+// round(ratio * I) units of each expert (rows of gate/up, columns of down), a set of its own,
+// from the matrix's mean and standard deviation, and leaves the other units the dense ones.
+TEST(WeightsIO, UpcyclingCopiesTheDenseFeedForwardAndDropRedrawsUnits) {
+  torch::manual_seed(4);
+  MiniMindForCausalLM dense(small(false));
+  init_weights(dense);
+  const std::string path = temp_path("dense.pth");
+  save_weights(dense, path);
+  auto dp = dense->named_parameters();
+  const torch::Tensor gate = dp["model.layers.0.mlp.gate_proj.weight"];  // [I, H]
+  const torch::Tensor down = dp["model.layers.0.mlp.down_proj.weight"];  // [H, I]
+  const int64_t I = gate.size(0);
+
+  MiniMindForCausalLM moe(small(true));
+  load_weights_upcycled(moe, path);
+  auto mp = moe->named_parameters();
+  const std::string e0 = "model.layers.0.mlp.experts.0.", e1 = "model.layers.0.mlp.experts.1.";
+  EXPECT_TRUE(torch::equal(mp[e0 + "gate_proj.weight"], gate));
+  EXPECT_TRUE(torch::equal(mp[e1 + "down_proj.weight"], down));
+  EXPECT_TRUE(torch::equal(mp["model.embed_tokens.weight"], dp["model.embed_tokens.weight"]));
+  // From an MoE source: refused, named.
+  const std::string moe_path = temp_path("moe-source.pth");
+  save_weights(moe, moe_path);
+  EXPECT_NE(test::error_of<WeightsError>([&] {
+              load_weights_upcycled(moe, moe_path);
+            }).find("upcycling starts from a dense model"),
+            std::string::npos);
+
+  drop_upcycle(moe, 0.25);
+  const int64_t k = std::llround(0.25 * static_cast<double>(I));
+  std::vector<std::set<int64_t>> redrawn(2);
+  for (int e = 0; e < 2; ++e) {
+    const std::string p = e == 0 ? e0 : e1;
+    const torch::Tensor g = mp[p + "gate_proj.weight"], d = mp[p + "down_proj.weight"];
+    const torch::Tensor u = mp[p + "up_proj.weight"];
+    for (int64_t i = 0; i < I; ++i) {
+      const bool same_g = torch::equal(g[i], gate[i]);
+      EXPECT_EQ(same_g, torch::equal(u[i], dp["model.layers.0.mlp.up_proj.weight"][i])) << i;
+      EXPECT_EQ(same_g, torch::equal(d.select(1, i), down.select(1, i))) << i;
+      if (!same_g) redrawn[static_cast<size_t>(e)].insert(i);
+    }
+    EXPECT_EQ(static_cast<int64_t>(redrawn[static_cast<size_t>(e)].size()), k);
+    // The redrawn rows follow the dense matrix's spread (std 0.02 at init; 10 % apart).
+    std::vector<int64_t> rows(redrawn[static_cast<size_t>(e)].begin(),
+                              redrawn[static_cast<size_t>(e)].end());
+    const double s = g.index_select(0, torch::tensor(rows)).std().item<double>();
+    EXPECT_NEAR(s, gate.std().item<double>(), 0.1 * gate.std().item<double>());
+  }
+  EXPECT_NE(redrawn[0], redrawn[1]) << "each expert draws its own units";
 }
 
 TEST(WeightsIO, MissingOrCorruptFilesAreClearErrors) {

@@ -127,6 +127,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, keep_checkpoints),
       MM_FIELD(train, init_from),
       MM_FIELD(train, init_mode),
+      MM_FIELD(train, upcycle_drop),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
@@ -341,6 +342,11 @@ void validate_train(const Checker& c, const TrainConfig& t) {
     c.fail("train.init_mode", "must be \"copy\" or \"upcycle\", got \"" + t.init_mode + "\"");
   if (t.init_mode == "upcycle" && t.init_from.empty())
     c.fail("train.init_mode", "upcycle needs train.init_from (the dense model's weights)");
+  c.in_range("train.upcycle_drop", t.upcycle_drop, 0.0, 1.0, false);
+  if (t.upcycle_drop > 0 && t.init_mode != "upcycle")
+    c.fail("train.upcycle_drop",
+           "re-initialises upcycled experts: it needs train.init_mode: "
+           "upcycle");
 }
 
 void validate_run(const Checker& c, const RunConfig& r) {

@@ -121,6 +121,9 @@ struct TrainConfig {
   // "upcycle" (a dense model's into an MoE one: every routed and shared expert starts as a
   // copy of the layer's dense feed-forward, the router from run.seed; weights_io.h).
   std::string init_mode = "copy";
+  // Drop-Upcycling: the share of each expert's intermediate units re-initialised after
+  // upcycling (0: plain copies; weights_io.h).
+  double upcycle_drop = 0.0;
 };
 
 struct LogConfig {

@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -193,6 +194,33 @@ void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path) 
       "upcycling needs the dense model of the same size: the same hidden_size, "
       "num_hidden_layers, vocab_size and heads, and moe_intermediate_size equal to its "
       "intermediate_size (fine-grained experts are not partitioned)");
+}
+
+void drop_upcycle(MiniMindForCausalLM& model, double ratio) {
+  // The experts' matrices by "model.layers.L.mlp.experts.E.".
+  static const std::regex expert(R"(^(model\.layers\.\d+\.mlp\.experts\.\d+\.)(\w+)\.weight$)");
+  std::map<std::string, std::map<std::string, torch::Tensor>> experts;
+  for (auto& item : model->named_parameters()) {
+    std::smatch m;
+    if (std::regex_match(item.key(), m, expert)) experts[m[1].str()][m[2].str()] = item.value();
+  }
+  torch::NoGradGuard no_grad;
+  auto redraw = [](torch::Tensor w, int64_t dim, const torch::Tensor& idx) {
+    std::vector<int64_t> shape = w.sizes().vec();
+    shape[static_cast<size_t>(dim)] = idx.size(0);
+    const double mean = w.mean().item<double>(), std = w.std().item<double>();
+    w.index_copy_(dim, idx, torch::randn(shape, w.options()) * std + mean);
+  };
+  for (auto& [prefix, m] : experts) {
+    torch::Tensor gate = m.at("gate_proj"), up = m.at("up_proj"), down = m.at("down_proj");
+    const int64_t I = gate.size(0);  // gate/up [I, H], down [H, I]
+    const auto k = static_cast<int64_t>(std::llround(ratio * static_cast<double>(I)));
+    if (k == 0) continue;
+    const torch::Tensor idx = torch::randperm(I, torch::kLong).narrow(0, 0, k);  // [k]
+    redraw(gate, 0, idx);
+    redraw(up, 0, idx);
+    redraw(down, 1, idx);
+  }
 }
 
 }  // namespace minimind

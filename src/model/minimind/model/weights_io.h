@@ -42,6 +42,14 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path);
 // that already holds experts.
 void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path);
 
+// Drop-Upcycling (Nakamura et al., "Drop-Upcycling", ICLR 2025), after
+// load_weights_upcycled: each routed expert re-initialises round(ratio * I) of its I
+// intermediate units, a set of its own drawn from torch's default generator: those rows of
+// gate_proj and up_proj and columns of down_proj are drawn from a normal distribution with
+// the mean and standard deviation of the matrix they were copied from. The experts then
+// differ from the start, while keeping the rest of the dense knowledge.
+void drop_upcycle(MiniMindForCausalLM& model, double ratio);
+
 // Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.
 NamedTensors read_tensor_dict(const std::string& path);
 

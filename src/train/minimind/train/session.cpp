@@ -310,9 +310,10 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
   init_weights(s.model);
   // The whole model, then (expert parallelism) this rank's shard.
   if (init && !s.run.checkpoint) {
-    if (cfg.train.init_mode == "upcycle")
+    if (cfg.train.init_mode == "upcycle") {
       load_weights_upcycled(s.model, init->weights);
-    else
+      if (cfg.train.upcycle_drop > 0) drop_upcycle(s.model, cfg.train.upcycle_drop);
+    } else
       load_weights(s.model, init->weights);
   }
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
@@ -322,6 +323,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
     s.state.init_from = {
         {"path", cfg.train.init_from},
         {"mode", cfg.train.init_mode},
+        {"upcycle_drop", cfg.train.upcycle_drop},
         {"weights", init->weights},
         {"step", init->step},
         {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
@@ -331,10 +333,14 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
           "position and schedule start afresh",
           cfg.train.init_from, init->step, init->weights,
           s.state.init_from["content_key"].get<std::string>(),
-          cfg.train.init_mode == "upcycle"
-              ? "; upcycled: every expert a copy of its layer's dense feed-forward, routers "
-                "from run.seed"
-              : "");
+          cfg.train.init_mode != "upcycle"
+              ? std::string()
+              : fmt::format("; upcycled: every expert a copy of its layer's dense feed-forward{}, "
+                            "routers from run.seed",
+                            cfg.train.upcycle_drop > 0
+                                ? fmt::format(" with {:g} of its units redrawn (Drop-Upcycling)",
+                                              cfg.train.upcycle_drop)
+                                : std::string()));
   }
   s.state.config_yaml = config_yaml;
   s.state.plan = s.plan;
