@@ -69,11 +69,19 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
-// train.init_from, checked before the run directory is touched: not with --resume, not
-// inside the run's own output, weights whose names and shapes fit the configured model, and
-// the tokenizer they were trained with (the source run's, unless data.tokenizer names one;
-// cfg.data.tokenizer is set to it) with the weights' vocabulary. Throws ConfigError /
-// CheckpointError / WeightsError / TokenizerError.
+// The weights of train.init_from into the model, as train.init_mode says.
+void load_init_weights(MiniMindForCausalLM& model, const TrainConfig& t,
+                       const std::string& weights) {
+  if (t.init_mode != "upcycle") return load_weights(model, weights);
+  load_weights_upcycled(model, weights);
+  if (t.upcycle_drop > 0) drop_upcycle(model, t.upcycle_drop);
+}
+
+// train.init_from, checked before the run directory is touched (--resume is checked
+// against the checkpoint in set_up): not inside the run's own output, weights whose names and
+// shapes fit the configured model, and the tokenizer they were trained with (the source run's,
+// unless data.tokenizer names one; cfg.data.tokenizer is set to it) with the weights' vocabulary.
+// Throws ConfigError / CheckpointError / WeightsError / TokenizerError.
 WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
   const std::string& from = cfg.train.init_from;
   const auto origin = cfg.origin.find("train.init_from");
@@ -97,10 +105,7 @@ WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
   WeightsSource w = find_weights(from);
   try {
     MiniMindForCausalLM probe(cfg.model);  // names and shapes, as an import checks them
-    if (upcycle)
-      load_weights_upcycled(probe, w.weights);
-    else
-      load_weights(probe, w.weights);
+    load_init_weights(probe, cfg.train, w.weights);
   } catch (const WeightsError& e) {
     throw WeightsError(key + (upcycle ? " with train.init_mode: upcycle" : "") + ": " + e.what());
   }
@@ -309,13 +314,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
   s.model = MiniMindForCausalLM(cfg.model);
   init_weights(s.model);
   // The whole model, then (expert parallelism) this rank's shard.
-  if (init && !s.run.checkpoint) {
-    if (cfg.train.init_mode == "upcycle") {
-      load_weights_upcycled(s.model, init->weights);
-      if (cfg.train.upcycle_drop > 0) drop_upcycle(s.model, cfg.train.upcycle_drop);
-    } else
-      load_weights(s.model, init->weights);
-  }
+  if (init && !s.run.checkpoint) load_init_weights(s.model, cfg.train, init->weights);
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
