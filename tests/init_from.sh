@@ -3,7 +3,8 @@
 # one ended (its step-0 validation loss is the source's last, bit for bit, with a fresh
 # optimizer and step count), keeps the source's tokenizer, records the source in state.json,
 # events.jsonl, inspect and the report, and resumes after it stopped; a dense run upcycled
-# into experts keeps its function (train.init_mode: upcycle). Bad sources are refused
+# into experts keeps its function (train.init_mode: upcycle), fine-grained experts too
+# with the output scaling. Bad sources are refused
 # before the run directory is touched.
 # Usage: init_from.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -98,6 +99,34 @@ print(f'upcycled top-$k step 0: {float(sys.argv[2]):.7f}, dense {float(sys.argv[
 sys.exit(d > 1e-5)" "$dense_last" "$up_first" || fail "upcycling top-$k changed the function"
 done
 grep -q "upcycled: every expert a copy" up1.log || fail "the log does not say it upcycled"
+grep -q "step 0 computes the dense model's function" up1.log || fail "no 'function kept' line"
+# Fine-grained experts (He et al. 2024): 4 experts of 128 units cut from the dense 256 (G 2,
+# two virtual groups); top-2 picks a whole group, and with the scaling the slices add up to
+# the dense output again: the same step-0 loss to 1e-5.
+"$TRAIN" --config tiny.yaml --out fine --set train.init_from=dense --set train.init_mode=upcycle \
+  --set model.moe_intermediate_size=128 --set model.num_experts_per_tok=2 \
+  --set model.norm_topk_prob=true --set train.upcycle_scaling=true --set train.max_steps=2 \
+  > fine.log 2>&1 || { cat fine.log >&2; fail "fine-grained upcycled run"; }
+grep -q "every expert a 1/2 slice of its layer's dense feed-forward, down_proj scaled by 2" fine.log ||
+  fail "no fine-grained line"
+python3 -c "import sys; d = abs(float(sys.argv[1]) - float(sys.argv[2])); \
+print(f'fine-grained G 2 top-2 step 0: {float(sys.argv[2]):.7f}, |diff| {d:.1e}'); \
+sys.exit(d > 1e-5)" "$dense_last" "$(val_losses fine | sed -n 1p | cut -d' ' -f2)" ||
+  fail "fine-grained upcycling changed the function"
+# MiniMind's top-1 without renormalisation: each output is scaled by its router probability
+# (about 1/E); He et al.'s scaling (E / k) restores the output at tied scores, so its step-0
+# loss is nearer the dense model's than the plain copy's.
+for s in false true; do
+  "$TRAIN" --config tiny.yaml --out top1$s --set train.init_from=dense --set train.init_mode=upcycle \
+    --set train.upcycle_scaling=$s --set train.max_steps=2 > top1$s.log 2>&1 ||
+    { cat top1$s.log >&2; fail "top-1 upcycled run (scaling $s)"; }
+done
+grep -q "step 0 computes another function than the dense model: the chosen experts' weights are not renormalised" \
+  top1true.log || fail "no 'function changed' line"
+python3 -c "import sys; d, a, b = map(float, sys.argv[1:]); \
+print(f'top-1 unrenormalised step 0: dense {d:.5f}, copies {a:.5f}, scaled copies {b:.5f}'); \
+sys.exit(not abs(b - d) < abs(a - d))" "$dense_last" "$(val_losses top1false | sed -n 1p | cut -d' ' -f2)" \
+  "$(val_losses top1true | sed -n 1p | cut -d' ' -f2)" || fail "the scaling did not bring top-1 nearer"
 "$TRAIN" --config tiny.yaml --out drop --set train.init_from=dense --set train.init_mode=upcycle \
   --set train.upcycle_drop=0.5 --set train.max_steps=2 > drop.log 2>&1 ||
   { cat drop.log >&2; fail "Drop-Upcycling run"; }
@@ -109,7 +138,12 @@ expect_refusal moe_source "hold experts (model.layers.0.mlp.experts.0" --out c \
 expect_refusal dense_target "this run's model is dense" --out c --set train.init_from=dense \
   --set train.init_mode=upcycle --set model.use_moe=false
 expect_refusal no_source "upcycle needs train.init_from" --out c --set train.init_mode=upcycle
-expect_refusal narrow "moe_intermediate_size equal to its intermediate_size" --out c \
-  --set train.init_from=dense --set train.init_mode=upcycle --set model.moe_intermediate_size=64
+expect_refusal narrow "model.moe_intermediate_size is 96, which does not divide the dense model's intermediate_size 256" \
+  --out c --set train.init_from=dense --set train.init_mode=upcycle --set model.moe_intermediate_size=96
+expect_refusal groups "model.num_experts (6) is not a multiple of the 4 slices" --out c \
+  --set train.init_from=dense --set train.init_mode=upcycle --set model.moe_intermediate_size=64 \
+  --set model.num_experts=6
+expect_refusal scaling_alone "train.upcycle_scaling .*needs train.init_mode: upcycle" --out c \
+  --set train.upcycle_scaling=true
 [ ! -e c ] || fail "a refused run left c/ behind"
 echo "init_from: all checks passed"

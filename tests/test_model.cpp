@@ -281,6 +281,95 @@ TEST(WeightsIO, UpcyclingCopiesTheDenseFeedForwardAndDropRedrawsUnits) {
   EXPECT_NE(redrawn[0], redrawn[1]) << "each expert draws its own units";
 }
 
+// Fine-grained upcycling (He et al. 2024): expert j takes slice j mod G of the dense
+// units, each group of G experts shares a router row, and with upcycle scaling the
+// feed-forward's output is the dense one: whatever the router's values when the weights are
+// renormalised and a token picks whole groups, at tied scores (router zero) otherwise.
+TEST(WeightsIO, FineGrainedUpcyclingWithScalingComputesTheDenseFunction) {
+  torch::manual_seed(5);
+  MiniMindForCausalLM dense(small(false));
+  init_weights(dense);
+  const std::string path = temp_path("dense-fg.pth");
+  save_weights(dense, path);
+  const torch::Tensor ids = torch::randint(0, 512, {2, 24}, torch::kLong);  // [B, T]
+  torch::NoGradGuard no_grad;
+  const torch::Tensor want = dense->forward(ids).logits;  // [B, T, V]
+  const int64_t I = small(false).ffn_size();              // 448
+
+  struct Case {
+    const char* what;
+    int64_t width, experts, k, shared;
+    bool renorm, zero_router, scaling, preserved;
+  };
+  const Case cases[] = {
+      {"top-1, no renormalisation, tied scores", I, 4, 1, 0, false, true, true, false},
+      {"G 2, top-2, renormalised, seeded router", I / 2, 4, 2, 0, true, false, true, true},
+      {"G 2, top-2, no renormalisation, tied scores", I / 2, 4, 2, 0, false, true, true, false},
+      {"G 4, top-4 of 8, renormalised", I / 4, 8, 4, 0, true, false, true, true},
+      {"one shared expert, top-1, renormalised", I, 4, 1, 1, true, false, true, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    ModelConfig m = small(true);
+    m.moe_intermediate_size = c.width;
+    m.num_experts = c.experts;
+    m.num_experts_per_tok = c.k;
+    m.n_shared_experts = c.shared;
+    m.norm_topk_prob = c.renorm;
+    MiniMindForCausalLM moe(m);
+    init_weights(moe);
+    const UpcyclePlan plan = load_weights_upcycled(moe, path, c.scaling);
+    EXPECT_EQ(plan.granularity, I / c.width);
+    EXPECT_EQ(plan.not_preserved.empty(), c.preserved) << plan.not_preserved;
+    auto mp = moe->named_parameters();
+    const std::string layer = "model.layers.1.mlp.";
+    const int64_t G = plan.granularity, w = c.width;
+    for (int64_t e = 0; e < c.experts; ++e) {  // slice e mod G, scaled down_proj
+      const std::string x = layer + "experts." + std::to_string(e) + ".";
+      const int64_t g = e % G;
+      EXPECT_TRUE(
+          torch::equal(mp[x + "up_proj.weight"],
+                       dense->named_parameters()[layer + "up_proj.weight"].narrow(0, g * w, w)));
+      EXPECT_TRUE(torch::allclose(
+          mp[x + "down_proj.weight"],
+          dense->named_parameters()[layer + "down_proj.weight"].narrow(1, g * w, w) *
+              plan.routed_scale));
+      EXPECT_TRUE(torch::equal(mp[layer + "gate.weight"][e], mp[layer + "gate.weight"][e - g]));
+    }
+    if (c.zero_router)
+      for (auto& item : mp)
+        if (item.key().find(".mlp.gate.weight") != std::string::npos) item.value().zero_();
+    const torch::Tensor got = moe->forward(ids).logits;
+    const double diff = (got - want).abs().max().item<double>();
+    EXPECT_LT(diff, 1e-5) << "largest |logit difference| vs the dense model";
+  }
+
+  // Without scaling, slices add up to 1/G of the dense output: not the dense function.
+  ModelConfig m = small(true);
+  m.moe_intermediate_size = I / 2;
+  m.num_experts_per_tok = 2;
+  MiniMindForCausalLM unscaled(m);
+  const UpcyclePlan plan = load_weights_upcycled(unscaled, path, false);
+  EXPECT_NE(plan.not_preserved.find("upcycle_scaling"), std::string::npos) << plan.not_preserved;
+  EXPECT_GT((unscaled->forward(ids).logits - want).abs().max().item<double>(), 1e-3);
+
+  // Widths that do not divide, and expert counts that are not whole groups: named.
+  m.moe_intermediate_size = 300;
+  MiniMindForCausalLM odd(m);
+  EXPECT_NE(test::error_of<WeightsError>([&] {
+              load_weights_upcycled(odd, path);
+            }).find("model.moe_intermediate_size is 300, which does not divide"),
+            std::string::npos);
+  m.moe_intermediate_size = I / 2;
+  m.num_experts = 3;
+  m.num_experts_per_tok = 1;
+  MiniMindForCausalLM three(m);
+  EXPECT_NE(test::error_of<WeightsError>([&] {
+              load_weights_upcycled(three, path);
+            }).find("model.num_experts (3) is not a multiple of the 2 slices"),
+            std::string::npos);
+}
+
 TEST(WeightsIO, MissingOrCorruptFilesAreClearErrors) {
   MiniMindForCausalLM m(small(false));
   EXPECT_THROW(load_weights(m, "/nonexistent/w.pth"), WeightsError);

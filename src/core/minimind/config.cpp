@@ -128,6 +128,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, init_from),
       MM_FIELD(train, init_mode),
       MM_FIELD(train, upcycle_drop),
+      MM_FIELD(train, upcycle_scaling),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
@@ -347,6 +348,8 @@ void validate_train(const Checker& c, const TrainConfig& t) {
     c.fail("train.upcycle_drop",
            "re-initialises upcycled experts: it needs train.init_mode: "
            "upcycle");
+  if (t.upcycle_scaling && t.init_mode != "upcycle")
+    c.fail("train.upcycle_scaling", "scales upcycled experts: it needs train.init_mode: upcycle");
 }
 
 void validate_run(const Checker& c, const RunConfig& r) {

@@ -124,6 +124,9 @@ struct TrainConfig {
   // Drop-Upcycling: the share of each expert's intermediate units re-initialised after
   // upcycling (0: plain copies; weights_io.h).
   double upcycle_drop = 0.0;
+  // He et al. 2024's output scaling of upcycled experts: the feed-forward's output at tied
+  // router scores equals the dense one (needed by fine-grained experts; weights_io.h).
+  bool upcycle_scaling = false;
 };
 
 struct LogConfig {

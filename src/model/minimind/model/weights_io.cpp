@@ -1,6 +1,7 @@
 #include "minimind/model/weights_io.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
@@ -104,35 +105,47 @@ NamedTensors read_tensor_dict(const std::string& path) {
 
 namespace {
 
-// Loads the file's tensors into the model, each model tensor from the file's tensor
-// `source_of(name)` names ("" : it keeps its value); the names and shapes are checked first
-// and the first mismatches listed. `unused_ok(file_name)`: a file tensor no model tensor
-// reads that is not an error.
-void load_mapped(MiniMindForCausalLM& model, const std::string& path,
-                 const std::function<std::string(const std::string&)>& source_of,
+// Where a model tensor's value comes from: the file tensor `name` ("": it keeps its value),
+// optionally the slice [start, start + length) of its dimension `dim` (length 0: whole),
+// times `scale`.
+struct SourceSlice {
+  std::string name;
+  int64_t dim = 0;
+  int64_t start = 0;
+  int64_t length = 0;
+  double scale = 1.0;
+};
+
+// Loads the file's tensors into the model, each model tensor from `source_of(its name)`;
+// the names and shapes are checked first and the first mismatches listed. `unused_ok(file
+// name)`: a file tensor no model tensor reads that is not an error.
+void load_mapped(MiniMindForCausalLM& model, const std::map<std::string, torch::Tensor>& file,
+                 const std::string& path,
+                 const std::function<SourceSlice(const std::string&)>& source_of,
                  const std::function<bool(const std::string&)>& unused_ok,
                  const std::string& hint) {
-  std::map<std::string, torch::Tensor> file;
-  for (auto& [name, t] : read_tensor_dict(path)) file[name] = t;
-
+  auto sliced = [&](const SourceSlice& s) {
+    const torch::Tensor& t = file.at(s.name);
+    return s.length > 0 ? t.narrow(s.dim, s.start, s.length) : t;
+  };
   std::vector<std::string> problems;
   std::map<std::string, torch::Tensor> expected;
   for (const auto& [name, t] : state_dict(model)) expected[name] = t;
   std::set<std::string> read;
   for (const auto& [name, t] : expected) {
-    const std::string from = source_of(name);
-    if (from.empty()) continue;
-    read.insert(from);
-    const std::string shown = from == name ? name : name + " (from " + from + ")";
-    auto it = file.find(from);
+    const SourceSlice from = source_of(name);
+    if (from.name.empty()) continue;
+    read.insert(from.name);
+    const std::string shown = from.name == name ? name : name + " (from " + from.name + ")";
+    auto it = file.find(from.name);
     if (it == file.end()) {
-      problems.push_back("missing " + from + " " + c10::str(t.sizes()) +
-                         (from == name ? "" : " for " + name));
-    } else if (it->second.sizes() != t.sizes()) {
-      problems.push_back("shape of " + shown + ": file " + c10::str(it->second.sizes()) +
+      problems.push_back("missing " + from.name + " " + c10::str(t.sizes()) +
+                         (from.name == name ? "" : " for " + name));
+    } else if (sliced(from).sizes() != t.sizes()) {
+      problems.push_back("shape of " + shown + ": file " + c10::str(sliced(from).sizes()) +
                          ", model " + c10::str(t.sizes()));
     } else if (!it->second.is_floating_point()) {
-      problems.push_back(from + " is not a floating-point tensor");
+      problems.push_back(from.name + " is not a floating-point tensor");
     }
   }
   for (const auto& [name, t] : file)
@@ -150,12 +163,21 @@ void load_mapped(MiniMindForCausalLM& model, const std::string& path,
   }
 
   torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters())
-    if (const std::string from = source_of(item.key()); !from.empty())
-      item.value().copy_(file.at(from).to(item.value().scalar_type()));
-  for (auto& item : model->named_buffers())
-    if (const std::string from = source_of(item.key()); !from.empty())
-      item.value().copy_(file.at(from).to(item.value().scalar_type()));
+  auto copy_in = [&](const std::string& name, torch::Tensor& value) {
+    const SourceSlice from = source_of(name);
+    if (from.name.empty()) return;
+    torch::Tensor v = sliced(from).to(torch::kFloat64);
+    if (from.scale != 1.0) v = v * from.scale;
+    value.copy_(v.to(value.scalar_type()));
+  };
+  for (auto& item : model->named_parameters()) copy_in(item.key(), item.value());
+  for (auto& item : model->named_buffers()) copy_in(item.key(), item.value());
+}
+
+std::map<std::string, torch::Tensor> read_tensor_map(const std::string& path) {
+  std::map<std::string, torch::Tensor> file;
+  for (auto& [name, t] : read_tensor_dict(path)) file[name] = t;
+  return file;
 }
 
 }  // namespace
@@ -165,35 +187,127 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path) {
   for (const ParamSlot& p : full_parameters(model))
     if (!p.local.defined()) elsewhere.insert(p.name);
   load_mapped(
-      model, path, [](const std::string& name) { return name; },
+      model, read_tensor_map(path), path, [](const std::string& name) { return SourceSlice{name}; },
       [&](const std::string& name) { return elsewhere.count(name) > 0; },
       "check model.hidden_size, num_hidden_layers, use_moe, num_experts, n_shared_experts, "
       "router and router_bias_update_rate against the checkpoint's config.");
 }
 
-void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path) {
-  for (const auto& [name, t] : read_tensor_dict(path))
+UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path,
+                                  bool scaling) {
+  const std::map<std::string, torch::Tensor> file = read_tensor_map(path);
+  for (const auto& [name, t] : file)
     if (name.find(".mlp.experts.") != std::string::npos)
       throw WeightsError("weights in '" + path + "' hold experts (" + name +
                              "): upcycling starts from a dense model",
                          "train.init_mode: upcycle takes a dense run's weights; to start an MoE "
                          "from an MoE, use train.init_mode: copy");
+  const ModelConfig& c = model->config();
+  const auto dense = file.find("model.layers.0.mlp.gate_proj.weight");
+  const int64_t I =
+      dense != file.end() && dense->second.dim() == 2 ? dense->second.size(0) : c.ffn_size();
+  // Fine-grained experts take slices of the dense feed-forward: G = I / width of them.
+  auto granularity = [&](int64_t width, const char* key) {
+    if (width > I || I % width != 0)
+      throw WeightsError(fmt::format("model.{} is {}, which does not divide the dense model's "
+                                     "intermediate_size {}",
+                                     key, width, I),
+                         fmt::format("upcycling gives each expert the whole dense feed-forward "
+                                     "({0}) or a 1/G slice of it: set model.{1} to {0} divided "
+                                     "by a whole number",
+                                     I, key));
+    return I / width;
+  };
+  UpcyclePlan plan;
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, n_s = c.n_shared_experts;
+  plan.granularity = granularity(c.expert_ffn_size(), "moe_intermediate_size");
+  const int64_t G = plan.granularity;
+  if (E % G != 0)
+    throw WeightsError(
+        fmt::format("model.num_experts ({}) is not a multiple of the {} slices the dense "
+                    "feed-forward is cut into (intermediate_size {} / moe_intermediate_size {})",
+                    E, G, I, c.expert_ffn_size()),
+        "each group of experts holds every slice once: use num_experts = a multiple of " +
+            std::to_string(G));
+  plan.shared_granularity =
+      n_s > 0 ? granularity(c.shared_ffn_size(), "shared_expert_intermediate_size") : 1;
+  // Each chosen expert's weight when the router's scores all tie (its weights zero).
+  const bool renormalised = c.norm_topk_prob || c.router == RouterKind::random;
+  const int64_t k_eff = c.router == RouterKind::hash ? 1 : k;
+  const double tie_weight = renormalised                             ? 1.0 / k_eff
+                            : c.router == RouterKind::hash           ? 1.0
+                            : c.scoring_func == ScoringFunc::sigmoid ? 0.5
+                                                                     : 1.0 / E;
+  if (scaling) {
+    // He et al. 2024: scale so that k chosen experts (k/G whole groups) at tied scores give
+    // the dense output; the shared experts (n_s / G_s dense copies) and the routed mixture
+    // then each give an equal share of it.
+    const double paths =
+        1.0 + static_cast<double>(n_s) / static_cast<double>(plan.shared_granularity);
+    plan.routed_scale = static_cast<double>(G) / (static_cast<double>(k_eff) * tie_weight) / paths;
+    plan.shared_scale = 1.0 / paths;
+  }
+  // Whether step 0 computes the dense function whatever the router's values.
+  std::vector<std::string> why;
+  if (!renormalised && !(c.router == RouterKind::hash && G == 1))
+    why.push_back(
+        "the chosen experts' weights are not renormalised (model.norm_topk_prob: false), so "
+        "each token's feed-forward output is scaled by its router scores");
+  if (G > 1 && (c.router != RouterKind::learned || k_eff % G != 0))
+    why.push_back(
+        fmt::format("a token must choose whole groups of {} slices (a learned router "
+                    "and num_experts_per_tok a multiple of {})",
+                    G, G));
+  if (!scaling && (G > 1 || n_s > 0))
+    why.push_back(G > 1 ? "sliced experts need train.upcycle_scaling to add up to the dense "
+                          "output"
+                        : "the shared experts add to the routed ones (train.upcycle_scaling "
+                          "shares the output between them)");
+  if (scaling && n_s % plan.shared_granularity != 0)
+    why.push_back("model.n_shared_experts is not a multiple of the shared experts' slices");
+  for (size_t i = 0; i < why.size(); ++i) plan.not_preserved += (i ? "; " : "") + why[i];
+
   // model.layers.i.mlp.experts.j.X and model.layers.i.mlp.shared_experts.j.X read
-  // model.layers.i.mlp.X; the router (mlp.gate) and its bias keep their initial values.
-  static const std::regex expert(R"(^(model\.layers\.\d+\.mlp\.)(shared_)?experts\.\d+\.(.+)$)");
+  // model.layers.i.mlp.X (expert j: slice j mod G); the router (mlp.gate) and its bias keep
+  // their initial values.
+  static const std::regex expert(
+      R"(^(model\.layers\.\d+\.mlp\.)(shared_)?experts\.(\d+)\.(\w+)\.weight$)");
   static const std::regex router(
       R"(^model\.layers\.\d+\.mlp\.(gate\.weight|e_score_correction_bias)$)");
   load_mapped(
-      model, path,
-      [](const std::string& name) -> std::string {
+      model, file, path,
+      [&](const std::string& name) -> SourceSlice {
         std::smatch m;
-        if (std::regex_match(name, m, expert)) return m[1].str() + m[3].str();
-        return std::regex_match(name, router) ? "" : name;
+        if (!std::regex_match(name, m, expert))
+          return SourceSlice{std::regex_match(name, router) ? "" : name};
+        const bool shared = m[2].matched;
+        const int64_t g = shared ? plan.shared_granularity : G;
+        const int64_t width = I / g, slice = std::stoll(m[3].str()) % g;
+        const std::string matrix = m[4].str();
+        SourceSlice s{m[1].str() + matrix + ".weight"};
+        if (g > 1) {  // gate/up [I, H]: rows; down [H, I]: columns
+          s.dim = matrix == "down_proj" ? 1 : 0;
+          s.start = slice * width;
+          s.length = width;
+        }
+        if (matrix == "down_proj") s.scale = shared ? plan.shared_scale : plan.routed_scale;
+        return s;
       },
       [](const std::string&) { return false; },
       "upcycling needs the dense model of the same size: the same hidden_size, "
-      "num_hidden_layers, vocab_size and heads, and moe_intermediate_size equal to its "
-      "intermediate_size (fine-grained experts are not partitioned)");
+      "num_hidden_layers, vocab_size and heads");
+
+  // Virtual groups (He et al. 2024): experts jG .. jG+G-1 hold the G slices and share one
+  // router row, so a token choosing k = a multiple of G experts chooses whole groups.
+  if (G > 1) {
+    torch::NoGradGuard no_grad;
+    static const std::regex gate(R"(^model\.layers\.\d+\.mlp\.gate\.weight$)");
+    for (auto& item : model->named_parameters())
+      if (std::regex_match(item.key(), gate))
+        for (int64_t e = 0; e < E; ++e)
+          if (e % G != 0) item.value()[e].copy_(item.value()[e - e % G]);  // [E, H]
+  }
+  return plan;
 }
 
 void drop_upcycle(MiniMindForCausalLM& model, double ratio) {

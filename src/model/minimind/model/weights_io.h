@@ -34,13 +34,27 @@ void save_weights(const NamedTensors& tensors, const std::string& path,
 void load_weights(MiniMindForCausalLM& model, const std::string& path);
 
 // Sparse upcycling (Komatsuzaki et al., 2023): loads a dense model's weights into an MoE
-// model of the same size. Every routed and shared expert of layer i gets a copy of layer
-// i's dense feed-forward (model.layers.i.mlp.{gate,up,down}_proj.weight); the routers and
-// their selection biases keep their initial values; every other tensor is copied by name.
-// The experts must be as wide as the dense feed-forward (moe_intermediate_size =
-// intermediate_size). Throws WeightsError listing the first mismatches, and for a source
-// that already holds experts.
-void load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path);
+// model of the same size. Every tensor but the feed-forward's is copied by name; the
+// routers and their selection biases keep their initial values. Every routed and shared
+// expert of layer i starts from layer i's dense feed-forward (model.layers.i.mlp.
+// {gate,up,down}_proj.weight): the whole of it when the experts are as wide, else (fine-
+// grained experts, G = intermediate_size / expert width) expert j takes slice j mod G of the
+// intermediate units, and the router rows of each group of G experts are made equal
+// ("virtual groups", He et al., "Upcycling Large Language Models into Mixture of Experts",
+// 2024). `scaling`: the experts' down_proj is scaled so that the feed-forward's output equals
+// the dense one when the router's scores tie (He et al.'s weight scaling, put on the linear
+// down_proj so that it is exact for SwiGLU). Throws WeightsError listing the first
+// mismatches, for a source that already holds experts, and for widths that do not divide.
+struct UpcyclePlan {
+  int64_t granularity = 1;         // G: dense width / routed expert width
+  int64_t shared_granularity = 1;  // the same for the shared experts
+  double routed_scale = 1.0;       // on each routed expert's down_proj
+  double shared_scale = 1.0;       // on each shared expert's down_proj
+  // Why step 0's model may compute something other than the dense model ("" : it does not).
+  std::string not_preserved;
+};
+UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path,
+                                  bool scaling = false);
 
 // Drop-Upcycling (Nakamura et al., "Drop-Upcycling", ICLR 2025), after
 // load_weights_upcycled: each routed expert re-initialises round(ratio * I) of its I

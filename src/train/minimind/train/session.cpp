@@ -69,12 +69,17 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
   return saved.train.batch_size;
 }
 
-// The weights of train.init_from into the model, as train.init_mode says.
-void load_init_weights(MiniMindForCausalLM& model, const TrainConfig& t,
-                       const std::string& weights) {
-  if (t.init_mode != "upcycle") return load_weights(model, weights);
-  load_weights_upcycled(model, weights);
+// The weights of train.init_from into the model, as train.init_mode says; how upcycling cut
+// and scaled the dense feed-forward (nullopt: copied by name).
+std::optional<UpcyclePlan> load_init_weights(MiniMindForCausalLM& model, const TrainConfig& t,
+                                             const std::string& weights) {
+  if (t.init_mode != "upcycle") {
+    load_weights(model, weights);
+    return std::nullopt;
+  }
+  UpcyclePlan plan = load_weights_upcycled(model, weights, t.upcycle_scaling);
   if (t.upcycle_drop > 0) drop_upcycle(model, t.upcycle_drop);
+  return plan;
 }
 
 // train.init_from, checked before the run directory is touched (--resume is checked
@@ -314,7 +319,8 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
   s.model = MiniMindForCausalLM(cfg.model);
   init_weights(s.model);
   // The whole model, then (expert parallelism) this rank's shard.
-  if (init && !s.run.checkpoint) load_init_weights(s.model, cfg.train, init->weights);
+  std::optional<UpcyclePlan> upcycled;
+  if (init && !s.run.checkpoint) upcycled = load_init_weights(s.model, cfg.train, init->weights);
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
@@ -326,20 +332,38 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
         {"weights", init->weights},
         {"step", init->step},
         {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
-    if (main_rank)
+    if (upcycled)
+      s.state.init_from.update({{"upcycle_scaling", cfg.train.upcycle_scaling},
+                                {"granularity", upcycled->granularity},
+                                {"shared_granularity", upcycled->shared_granularity},
+                                {"routed_scale", upcycled->routed_scale},
+                                {"shared_scale", upcycled->shared_scale},
+                                {"preserves_function", upcycled->not_preserved.empty()}});
+    if (main_rank) {
       log.info(
-          "weights from {} (step {} of its run; {}, content key {}){}; optimizer, step, data "
+          "weights from {} (step {} of its run; {}, content key {}); optimizer, step, data "
           "position and schedule start afresh",
           cfg.train.init_from, init->step, init->weights,
-          s.state.init_from["content_key"].get<std::string>(),
-          cfg.train.init_mode != "upcycle"
-              ? std::string()
-              : fmt::format("; upcycled: every expert a copy of its layer's dense feed-forward{}, "
-                            "routers from run.seed",
-                            cfg.train.upcycle_drop > 0
-                                ? fmt::format(" with {:g} of its units redrawn (Drop-Upcycling)",
-                                              cfg.train.upcycle_drop)
-                                : std::string()));
+          s.state.init_from["content_key"].get<std::string>());
+      if (upcycled) {
+        const UpcyclePlan& p = *upcycled;
+        log.info(
+            "upcycled: every expert {} of its layer's dense feed-forward{}{}, routers from "
+            "run.seed{}",
+            p.granularity == 1 ? "a copy" : fmt::format("a 1/{} slice", p.granularity),
+            p.routed_scale != 1.0 ? fmt::format(", down_proj scaled by {:.6g}", p.routed_scale)
+                                  : std::string(),
+            cfg.train.upcycle_drop > 0
+                ? fmt::format(" with {:g} of its units redrawn (Drop-Upcycling)",
+                              cfg.train.upcycle_drop)
+                : std::string(),
+            p.granularity > 1 ? " (shared within each group of experts)" : "");
+        if (p.not_preserved.empty() && cfg.train.upcycle_drop == 0)
+          log.info("step 0 computes the dense model's function");
+        else if (!p.not_preserved.empty())
+          log.info("step 0 computes another function than the dense model: {}", p.not_preserved);
+      }
+    }
   }
   s.state.config_yaml = config_yaml;
   s.state.plan = s.plan;
