@@ -131,6 +131,34 @@ sys.exit(not abs(b - d) < abs(a - d))" "$dense_last" "$(val_losses top1false | s
   --set train.upcycle_drop=0.5 --set train.max_steps=2 > drop.log 2>&1 ||
   { cat drop.log >&2; fail "Drop-Upcycling run"; }
 grep -q "with 0.5 of its units redrawn (Drop-Upcycling)" drop.log || fail "no Drop-Upcycling line"
+# The experts' similarity (expert_load.jsonl, log steps): the cosine of each pair of experts'
+# flattened weights, recomputed here from the last checkpoint (same step) to 1e-9. Plain
+# copies stay alike after 3 steps (0.98 here); Drop-Upcycling starts them apart.
+/usr/bin/python3 - <<'PY' || fail "expert similarity"
+import glob, itertools, json, torch
+def logged(run):
+    rows = [json.loads(l) for l in open(f"{run}/expert_load.jsonl")]
+    rows = [r for r in rows if r["split"] == "train" and r.get("expert_similarity") is not None]
+    last = max(r["step"] for r in rows)
+    return {r["layer"]: r for r in rows if r["step"] == last}, last
+for run in ("up1", "drop"):
+    rows, step = logged(run)
+    w = torch.load(f"{run}/checkpoints/step_{step:08d}/model.pth")
+    for layer, r in rows.items():
+        p = f"model.layers.{layer}.mlp.experts."
+        v = [torch.cat([w[f"{p}{e}.{m}.weight"].double().flatten()
+                        for m in ("gate_proj", "up_proj", "down_proj")]) for e in range(4)]
+        want = [float(torch.dot(a, b) / (a.norm() * b.norm())) for a, b in itertools.combinations(v, 2)]
+        got = r["expert_similarity"]
+        assert max(abs(a - b) for a, b in zip(want, got)) < 1e-9, (run, layer, want, got)
+        assert abs(r["expert_similarity_mean"] - sum(want) / 6) < 1e-9
+        assert abs(r["expert_similarity_max"] - max(want)) < 1e-9
+    mean = sum(r["expert_similarity_mean"] for r in rows.values()) / len(rows)
+    print(f"{run}: step {step}, mean expert similarity {mean:.4f}")
+    assert (mean > 0.95) if run == "up1" else (mean < 0.9), (run, mean)
+PY
+"$EVAL" inspect drop | grep -q "similarity .* (most alike pair" || fail "inspect shows no similarity"
+grep -q "Expert similarity per layer" drop/report.html || fail "the report has no similarity chart"
 expect_refusal drop_alone "train.upcycle_drop .*needs train.init_mode: upcycle" --out c \
   --set train.upcycle_drop=0.5
 expect_refusal moe_source "hold experts (model.layers.0.mlp.experts.0" --out c \

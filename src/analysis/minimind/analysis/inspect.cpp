@@ -58,6 +58,14 @@ std::string inspect_text(const RunLogs& logs, size_t width) {
                        width, entropy.front(), entropy.back());
     out += fmt::format("      max share {:<{}} {:.2f} -> {:.2f}\n", sparkline(share, width), width,
                        share.front(), share.back());
+    // How alike the experts' weights are (log steps): upcycled experts start at 1.
+    std::vector<double> similarity;
+    for (const auto& p : points)
+      if (p.stats.expert_similarity_mean) similarity.push_back(*p.stats.expert_similarity_mean);
+    if (!similarity.empty())
+      out += fmt::format("      similarity {:<{}} {:.3f} -> {:.3f} (most alike pair {:.3f})\n",
+                         sparkline(similarity, width), width, similarity.front(), similarity.back(),
+                         *points.back().stats.expert_similarity_max);
     auto ev = logs.eval_load.find(layer);
     if (ev != logs.eval_load.end() && !ev->second.empty())
       out += fmt::format("      eval (step {}): MaxVio_global {:.2f}, entropy {:.2f}, dead {}\n",

@@ -220,7 +220,7 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
     std::vector<Series> maxvio, entropy, spread, z, dropped, mi, token_entropy, grad_lm, grad_bal,
-        exchange;
+        exchange, similarity;
     for (const auto& entry : logs.train_load) {
       // Not a structured binding: C++17 lambdas (add, below) cannot capture one (clang).
       const std::vector<LoadRecord>& points = entry.second;
@@ -245,6 +245,7 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.stats.grad_lm); });
       add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.stats.grad_balance); });
       add(exchange, [](const LoadRecord& r) { return exchange_imbalance(r.stats.exchange); });
+      add(similarity, [](const LoadRecord& r) { return r.stats.expert_similarity_mean; });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
@@ -258,6 +259,9 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       html += line_chart(
           "Experts over ranks: most token rows a rank received / the mean, per layer (1 = even)",
           exchange, {}, axis);
+    if (!similarity.empty())  // upcycled experts start as copies (1) and separate
+      html += line_chart("Expert similarity per layer (mean pair cosine; 1 = copies)",
+                         similarity, all_events, axis);
     html += "</div>\n";
     html += router_section(mi, token_entropy, grad_lm, grad_bal, logs.uninformative, axis);
     html += balancing_section(logs, dropped, axis);

@@ -40,6 +40,12 @@ struct LayerStats {
   // to rank d, at [s * N + d] (each rank fills its row; the ranks' sum is the matrix), per
   // step: the all-to-all's imbalance. Received by d: the column's sum.
   std::optional<std::vector<double>> exchange;
+  // How alike the routed experts' weights are, after the step (at log steps, when the
+  // trainer asks): the cosine of each pair's flattened gate/up/down weights, the pairs
+  // (0,1), (0,2), ..., (E-2,E-1) in order, and their mean and largest value. Upcycled experts
+  // start at 1 and separate as they train.
+  std::optional<std::vector<double>> expert_similarity;
+  std::optional<double> expert_similarity_mean, expert_similarity_max;
 
   // Calls f(name, combine, logged, s.field...) for each field, walking several records in
   // step (e.g. a sum and the record added to it).
@@ -53,6 +59,9 @@ struct LayerStats {
     f("grad_lm", Combine::last, Logged::as_is, s.grad_lm...);
     f("grad_balance", Combine::last, Logged::as_is, s.grad_balance...);
     f("exchange", Combine::per_step, Logged::as_is, s.exchange...);
+    f("expert_similarity", Combine::last, Logged::as_is, s.expert_similarity...);
+    f("expert_similarity_mean", Combine::last, Logged::as_is, s.expert_similarity_mean...);
+    f("expert_similarity_max", Combine::last, Logged::as_is, s.expert_similarity_max...);
   }
 };
 

@@ -139,6 +139,33 @@ std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_weights() const {
   return out;
 }
 
+std::vector<torch::Tensor> MiniMindForCausalLMImpl::expert_grams(
+    const std::function<void(torch::Tensor&)>& sum_over_group) const {
+  torch::NoGradGuard no_grad;
+  const int64_t E = cfg_.num_experts;
+  const ExpertShard shard = expert_shard();
+  std::vector<torch::Tensor> out;
+  for (const auto& block : model->blocks) {
+    if (!block->moe_mlp) continue;
+    const MOEFeedForward& moe = block->moe_mlp;
+    torch::Tensor gram = torch::zeros({E, E}, torch::kFloat64);
+    for (int m = 0; m < 3; ++m) {  // one matrix at a time: [E, numel] stays small
+      auto weight = [&](int64_t e) {
+        const FeedForward f = moe->expert(e);
+        return (m == 0 ? f->gate_proj : m == 1 ? f->up_proj : f->down_proj)->weight;
+      };
+      const int64_t first = shard.first(E), held = shard.size(E);
+      torch::Tensor rows = torch::zeros({E, weight(first).numel()}, torch::kFloat32);  // [E, n]
+      for (int64_t e = first; e < first + held; ++e) rows[e].copy_(weight(e).flatten());
+      if (!shard.whole() && sum_over_group) sum_over_group(rows);
+      const torch::Tensor v = rows.to(torch::kFloat64);
+      gram += v.mm(v.t());  // [E, E]
+    }
+    out.push_back(gram);
+  }
+  return out;
+}
+
 std::vector<ParamSlot> full_parameters(const MiniMindForCausalLM& model) {
   const int64_t E = model->config().num_experts;
   const ExpertShard shard = model->expert_shard();

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,12 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   std::vector<torch::Tensor> router_biases() const;
   // Per MoE layer with a learned router: the router's weight [E, H] (gate.weight).
   std::vector<torch::Tensor> router_weights() const;
+  // Per MoE layer: the Gram matrix [E, E] (float64) of its routed experts, each expert's
+  // gate_proj, up_proj and down_proj flattened into one vector. Under expert parallelism
+  // each rank fills the rows of the experts it holds (zeros elsewhere) and `sum_over_group`
+  // (summing over the expert group) completes them; unset for a whole model.
+  std::vector<torch::Tensor> expert_grams(
+      const std::function<void(torch::Tensor&)>& sum_over_group = {}) const;
 
   // The output projection [V, H]: embed_tokens.weight when tied (LibTorch cannot tie by
   // assignment), else lm_head.weight.

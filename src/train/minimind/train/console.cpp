@@ -111,6 +111,9 @@ void ConsoleObserver::log_load_rows(const char* prefix, const ExpertCounts& coun
     if (stats && stats->z) row += fmt::format("  z {:.2f}", *stats->z);
     if (stats && stats->grad_lm)
       row += fmt::format("  ∇lm {:.1e} ∇bal {:.1e}", *stats->grad_lm, *stats->grad_balance);
+    if (stats && stats->expert_similarity_mean)
+      row += fmt::format("  sim {:.3f} (max {:.3f})", *stats->expert_similarity_mean,
+                         *stats->expert_similarity_max);
     log_.info("  {}{}", prefix, row);
   }
   // The status line's throughput counts from here: log lines and evaluations are not training.

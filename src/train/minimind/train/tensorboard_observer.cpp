@@ -58,6 +58,10 @@ void TensorBoardObserver::on_interval(const IntervalInfo& i) {
         w.scalar(p + "grad_lm", r.step, *i.layers[l].grad_lm);
         w.scalar(p + "grad_balance", r.step, *i.layers[l].grad_balance);
       }
+      if (l < i.layers.size() && i.layers[l].expert_similarity_mean) {
+        w.scalar(p + "expert_similarity_mean", r.step, *i.layers[l].expert_similarity_mean);
+        w.scalar(p + "expert_similarity_max", r.step, *i.layers[l].expert_similarity_max);
+      }
       w.expert_histogram(p + "expert_load", r.step, i.counts.layers[l]);
     }
   });

@@ -221,6 +221,23 @@ class ShardedMicroBatches {
   std::vector<GlobalAuxScope> scopes_;  // one per shard, kept alike
 };
 
+// The cosine of every pair of experts from their Gram matrix [E, E], pairs in row order.
+void set_expert_similarity(LayerStats& layer, const torch::Tensor& gram) {
+  const int64_t E = gram.size(0);
+  const torch::Tensor norms = gram.diagonal().clamp_min(0).sqrt();  // [E]
+  const torch::Tensor cos = gram / (norms.unsqueeze(1) * norms.unsqueeze(0)).clamp_min(1e-300);
+  const auto c = cos.accessor<double, 2>();
+  std::vector<double> pairs;
+  for (int64_t i = 0; i < E; ++i)
+    for (int64_t j = i + 1; j < E; ++j) pairs.push_back(c[i][j]);
+  if (pairs.empty()) return;  // one expert
+  double sum = 0, largest = pairs[0];
+  for (double v : pairs) sum += v, largest = std::max(largest, v);
+  layer.expert_similarity_mean = sum / static_cast<double>(pairs.size());
+  layer.expert_similarity_max = largest;
+  layer.expert_similarity = std::move(pairs);
+}
+
 }  // namespace
 
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
@@ -295,6 +312,13 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   clear_gradients(params);
   const auto biases = model->router_biases();
   for (size_t l = 0; l < biases.size(); ++l) s.layers.at(l).bias = to_doubles(biases[l]);
+  if (o.expert_similarity) {
+    std::function<void(torch::Tensor&)> over_group;
+    if (ep) over_group = [ep](torch::Tensor& t) { ep->group().all_reduce_sum(t); };
+    const std::vector<torch::Tensor> grams = model->expert_grams(over_group);
+    if (s.layers.size() < grams.size()) s.layers.resize(grams.size());
+    for (size_t l = 0; l < grams.size(); ++l) set_expert_similarity(s.layers[l], grams[l]);
+  }
   return s;
 }
 

@@ -31,6 +31,9 @@ struct StepOptions {
   // gradient from the LM loss and from the balancing losses (aux + z) apart
   // (LayerStats::grad_lm / grad_balance); the trainer asks at log steps only.
   bool router_grads = false;
+  // Also measure, per MoE layer, how alike its routed experts' weights are after the step
+  // (LayerStats::expert_similarity); the trainer asks at log steps only.
+  bool expert_similarity = false;
   // > 1: each micro-batch is trained in that many row ranges side by side, one core each
   // (side_by_side.h); the losses, counts and gradients are the micro-batch's within float
   // rounding, and the same bits run after run. The compute plan says how many (compute_plan.h).

@@ -135,13 +135,15 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   const Stopwatch loop;
   while (state.step < tc.max_steps) {
     const double lr = learning_rate_at(state.step, tc.max_steps, tc.learning_rate, tc.warmup_steps);
-    // The router gradient by source is measured at log steps only (it costs a little).
+    // The router gradient by source and the experts' similarity are measured at log steps
+    // only (they cost a little).
     const int64_t next = state.step + 1;
     const bool log_step = next % cfg.log.interval == 0 || next == tc.max_steps;
     StepOptions so;
     so.accumulation_steps = tc.accumulation_steps, so.grad_clip = tc.grad_clip, so.lr = lr;
     so.parallel = s->parallel;
-    so.router_grads = log_step && cfg.model.use_moe, so.shards = s->plan.shards;
+    so.router_grads = so.expert_similarity = log_step && cfg.model.use_moe;
+    so.shards = s->plan.shards;
     const StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
     result.comm_seconds += st.comm_seconds;
