@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     const double tok_s = B * T / step;
     // MFU against the best fp32 product this machine reaches (per core x cores), and for
     // comparison against OpenBLAS with the loaded kernels and against bf16.
-    const double model_gflops = tok_s * flops_per_token(cfg.model, T) / 1e9;
+    const double model_gflops = tok_s * flops_per_token(cfg.model, T).total() / 1e9;
     const MatmulPeak& peak = prec == Precision::bf16 ? bf16 : fp32;
     const double mfu = model_gflops / (peak.gflops * n_threads);
     const double mfu_fp32 = model_gflops / (fp32.gflops * n_threads);

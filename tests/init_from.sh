@@ -60,7 +60,22 @@ assert i["weights"].endswith("a/checkpoints/step_00000006/model.pth"), i
 ev = [json.loads(l) for l in open("b/events.jsonl")]
 assert any(e["event"] == "init_from" and e["content_key"] == i["content_key"] for e in ev), ev
 print("init_from recorded:", i)
+# The training behind the weights: a's tokens and FLOPs (its metrics' running total, which is
+# tokens x the per-token cost in its flops event).
+am = [json.loads(l) for l in open("a/metrics.jsonl")]
+a_last = [r for r in am if r["step"] == 6][-1]
+a_flops = [e for e in map(json.loads, open("a/events.jsonl")) if e["event"] == "flops"][-1]
+assert a_last["flops"] == a_last["tokens"] * a_flops["per_token"], (a_last, a_flops)
+parts = sum(a_flops[k] for k in ("attention_projections", "attention_scores", "feed_forward",
+                                  "shared_experts", "router", "lm_head"))
+assert abs(parts - a_flops["per_token"]) <= 1e-9 * parts, a_flops
+assert i["source_tokens"] == a_last["tokens"] and i["source_flops"] == a_last["flops"], i
+ib = [e for e in ev if e["event"] == "init_from"][-1]
+assert ib["source_tokens"] == a_last["tokens"] and ib["source_flops"] == a_last["flops"], ib
+print(f"a: {a_last['tokens']} tokens, {a_last['flops']:.4g} FLOPs ({a_flops['per_token']:.4g} per token)")
 PY
+"$EVAL" compare a b --out ab.html > /dev/null 2>&1 || fail "compare a b"
+grep -q "Validation loss against training FLOPs" ab.html || fail "compare has no FLOPs chart"
 "$EVAL" inspect b | grep -q "started from weights from a (step 6" || fail "inspect does not say"
 grep -q "Started from weights from a (step 6" b/report.html || fail "the report does not say"
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "minimind/config.h"
+#include "minimind/flops.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/util/blas_check.h"
@@ -368,6 +369,43 @@ TEST(WeightsIO, FineGrainedUpcyclingWithScalingComputesTheDenseFunction) {
               load_weights_upcycled(three, path);
             }).find("model.num_experts (3) is not a multiple of the 2 slices"),
             std::string::npos);
+}
+
+// The FLOPs the run log counts, against the model's own matrices: 6 per weight a token
+// passes through (k of E experts), the lm_head (tied to the embedding), 12 L T heads d for
+// attention.
+TEST(Flops, PerTokenMatchesTheModelsMatrices) {
+  for (const bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "moe" : "dense");
+    ModelConfig m = small(moe);
+    m.num_experts_per_tok = 2;
+    m.n_shared_experts = moe ? 1 : 0;
+    MiniMindForCausalLM model(m);
+    double attention = 0, ffn = 0, shared = 0, router = 0;
+    for (const auto& item : model->named_parameters()) {
+      const std::string& name = item.key();
+      const auto n = static_cast<double>(item.value().numel());
+      if (item.value().dim() != 2 || name.find("model.layers.") != 0) continue;
+      if (name.find(".self_attn.") != std::string::npos)
+        attention += n;
+      else if (name.find(".mlp.experts.") != std::string::npos)
+        ffn += n * 2 / 4;  // k of E
+      else if (name.find(".mlp.shared_experts.") != std::string::npos)
+        shared += n;
+      else if (name.find(".mlp.gate.") != std::string::npos)
+        router += n;
+      else if (name.find(".mlp.") != std::string::npos)
+        ffn += n;
+    }
+    const FlopsPerToken f = flops_per_token(m, 128);
+    EXPECT_DOUBLE_EQ(f.attention_projections, 6 * attention);
+    EXPECT_DOUBLE_EQ(f.feed_forward, 6 * ffn);
+    EXPECT_DOUBLE_EQ(f.shared_experts, 6 * shared);
+    EXPECT_DOUBLE_EQ(f.router, 6 * router);
+    EXPECT_DOUBLE_EQ(f.lm_head, 6.0 * static_cast<double>(model->lm_head_weight().numel()));
+    EXPECT_DOUBLE_EQ(f.attention_scores, 12.0 * 2 * 128 * 4 * 32);
+    EXPECT_GT(f.feed_forward, 0.0);
+  }
 }
 
 TEST(WeightsIO, MissingOrCorruptFilesAreClearErrors) {

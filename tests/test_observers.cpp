@@ -168,7 +168,7 @@ StepInfo step_info(int64_t step, int64_t max_steps, const StepStats& st) {
 
 TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
   Recorder rec;
-  IntervalWindow window(2, rec, /*multi_rank=*/false);
+  IntervalWindow window(2, rec, /*multi_rank=*/false, /*flops_per_token=*/1.5e6);
   const StepStats a = step_stats(4.0, 0.5, 1.0, {{3, 1}}), b = step_stats(2.0, 0.25, 3.0, {{0, 4}}),
                   c = step_stats(1.0, 0.125, 2.0, {{2, 2}}, 60);
   window.on_step(step_info(1, 3, a));
@@ -178,8 +178,9 @@ TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
   const TrainRecord& r = rec.intervals[0].record;
   EXPECT_EQ(r.step, 2);
   EXPECT_EQ(r.tokens, 200);
-  EXPECT_DOUBLE_EQ(r.lm_loss, 3.0);     // (4 + 2) / 2
-  EXPECT_DOUBLE_EQ(r.aux_loss, 0.375);  // (0.5 + 0.25) / 2
+  EXPECT_DOUBLE_EQ(*r.flops, 200 * 1.5e6);  // tokens so far x per token
+  EXPECT_DOUBLE_EQ(r.lm_loss, 3.0);         // (4 + 2) / 2
+  EXPECT_DOUBLE_EQ(r.aux_loss, 0.375);      // (0.5 + 0.25) / 2
   EXPECT_DOUBLE_EQ(r.loss, 3.375);
   EXPECT_DOUBLE_EQ(r.grad_norm, 2.0);
   EXPECT_DOUBLE_EQ(r.lr, 2e-3);       // the last step's
@@ -194,7 +195,7 @@ TEST(IntervalWindow, MeansOverEachIntervalAndTheLastStep) {
   EXPECT_EQ(rec.intervals[1].counts.layers, (std::vector<std::vector<int64_t>>{{2, 2}}));
 
   Recorder multi;
-  IntervalWindow ranks(1, multi, /*multi_rank=*/true);
+  IntervalWindow ranks(1, multi, /*multi_rank=*/true, 0);
   StepStats d = step_stats(1.0, 0.0, 1.0, {});
   d.comm_seconds = 0.004;
   ranks.on_step(step_info(1, 5, d));
@@ -217,7 +218,7 @@ TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
   };
   const StepStats a = with_layer(2.0, 1, 0.5, std::nullopt), b = with_layer(4.0, 3, 0.25, 0.125);
   Recorder rec;
-  IntervalWindow window(2, rec, false);
+  IntervalWindow window(2, rec, false, 0);
   window.on_step(step_info(1, 4, a));
   window.on_step(step_info(2, 4, b));
   ASSERT_EQ(rec.intervals.size(), 1u);
@@ -234,11 +235,11 @@ TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
 
   // Cut after step 3, restored into a fresh window: step 4 closes the same interval.
   Recorder whole, cut;
-  IntervalWindow w1(2, whole, false), w2(2, cut, false);
+  IntervalWindow w1(2, whole, false, 0), w2(2, cut, false, 0);
   for (auto* w : {&w1, &w2}) w->on_step(step_info(3, 4, a));
   nlohmann::json state;
   w2.save_state(state);
-  IntervalWindow w3(2, cut, false);
+  IntervalWindow w3(2, cut, false, 0);
   w3.restore_state(nlohmann::json::parse(state.dump()));
   w1.on_step(step_info(4, 4, b));
   w3.on_step(step_info(4, 4, b));
@@ -251,7 +252,7 @@ TEST(IntervalWindow, LayerStatsCombineAsListedAndSurviveACheckpoint) {
   nlohmann::json old = state;
   old["interval"].erase("layers");
   old["interval"]["layer_z"] = {2.0};
-  IntervalWindow w4(2, cut, false);
+  IntervalWindow w4(2, cut, false, 0);
   w4.restore_state(old);
   w4.on_step(step_info(4, 4, b));
   EXPECT_DOUBLE_EQ(*cut.intervals.back().layers.at(0).z, 3.0);
@@ -271,7 +272,7 @@ TEST(Console, LogLinesShowIntervalsEvaluationsCollapsesAndTheEnd) {
   interval.counts.layers = {{1, 3}};
   console.on_interval(interval);
   EvalInfo ev;
-  ev.record = {4, 400, 2.5, std::exp(2.5), 90};
+  ev.record = {4, 400, 2.5, std::exp(2.5), 90, 4.0e9};
   ev.documents = 3, ev.seconds = 0.5;
   console.on_eval(ev);
   CollapseRecord c;
@@ -326,7 +327,7 @@ TEST(RunLogObserver, WritesTheRecordsOfStepsIntervalsEvaluationsAndEvents) {
     interval.record.step = 1, interval.record.loss = 3.5;
     logs.on_interval(interval);
     EvalInfo ev;
-    ev.record = {1, 100, 2.5, std::exp(2.5), 90};
+    ev.record = {1, 100, 2.5, std::exp(2.5), 90, 1.0e9};
     ev.counts.layers = {{2, 2}, {3, 1}};
     logs.on_eval(ev);
     CollapseRecord c;

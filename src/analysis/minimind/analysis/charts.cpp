@@ -33,7 +33,14 @@ std::string esc(const std::string& s) {
 // A tick's text: as many decimals as the tick step needs.
 std::string tick_label(double v, double step) {
   if (std::abs(v) < step * 1e-6) return "0";
-  if (std::abs(v) >= 1e6 || step < 1e-4) return fmt::format("{:g}", v);
+  if (std::abs(v) >= 1e6) {  // tokens, FLOPs: a short SI form ("1.5G") fits under a tick
+    static const char* const prefix[] = {"M", "G", "T", "P", "E"};
+    int p = 0;
+    double scaled = v / 1e6;
+    while (std::abs(scaled) >= 1000 && p < 4) scaled /= 1000, ++p;
+    return fmt::format("{:.3g}{}", scaled, prefix[p]);
+  }
+  if (step < 1e-4) return fmt::format("{:g}", v);
   const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
   return fmt::format("{:.{}f}", v, decimals);
 }
@@ -76,8 +83,8 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"frame\"/>", L, T,
                      W - L - R, H - T - B);
   svg += step_ticks(axis, L, W, R, H - B + 13);
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">step</text>",
-                     W - R, H - B + 26);
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" class=\"tick\" text-anchor=\"end\">{}</text>", W - R,
+                     H - B + 26, esc(axis.label));
   for (int64_t e : events)
     svg +=
         fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" class=\"event\"/>",

@@ -30,7 +30,9 @@ std::vector<double> axis_ticks(double lo, double hi);
 struct StepAxis {
   std::vector<double> ticks;
   double end;
-  explicit StepAxis(double x_max) : ticks(axis_ticks(0, std::max(x_max, 1.0))), end(ticks.back()) {}
+  std::string label;  // under the axis' right end
+  explicit StepAxis(double x_max, std::string label = "step")
+      : ticks(axis_ticks(0, std::max(x_max, 1.0))), end(ticks.back()), label(std::move(label)) {}
 };
 
 // The step tick labels along a chart's bottom edge.

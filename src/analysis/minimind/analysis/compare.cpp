@@ -55,9 +55,11 @@ std::string table(const std::vector<RunSummary>& runs, size_t layers) {
     // Routing information: "—" for routers without probabilities and runs logged before it.
     std::string mi;
     for (const auto& v : r.mi) mi += (mi.empty() ? "" : " / ") + fixed(v, "{:.3f}");
-    html += fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{:.0f}</td></tr>",
-                        dead.empty() ? "—" : dead, mi.empty() ? "—" : mi,
-                        r.dropped ? fmt::format("{:.1f} %", 100 * *r.dropped) : "—", r.tok_per_s);
+    html +=
+        fmt::format("<td>{}</td><td>{}</td><td>{}</td><td>{:.0f}</td><td>{}</td><td>{}</td></tr>",
+                    dead.empty() ? "—" : dead, mi.empty() ? "—" : mi,
+                    r.dropped ? fmt::format("{:.1f} %", 100 * *r.dropped) : "—", r.tok_per_s,
+                    r.tokens, fixed(r.flops, "{:.3g}"));
   }
   return html + "</table>\n";
 }
@@ -81,7 +83,21 @@ RunSummary summarize_run(const RunLogs& logs) {
     s.dropped = last.dropped;
     if (last.elapsed > 0) s.tok_per_s = static_cast<double>(last.tokens) / last.elapsed;
   }
+  if (!logs.eval.empty()) {
+    const Upstream up = upstream_of(logs);
+    s.tokens = up.tokens + logs.eval.back().tokens;
+    if (logs.eval.back().flops) s.flops = up.flops + *logs.eval.back().flops;
+  }
   return s;
+}
+
+Upstream upstream_of(const RunLogs& logs) {
+  Upstream u;
+  if (logs.init) {
+    u.tokens = logs.init->source_tokens.value_or(0);
+    u.flops = logs.init->source_flops.value_or(0);
+  }
+  return u;
 }
 
 std::vector<std::string> run_labels(const std::vector<std::string>& run_dirs) {
@@ -155,6 +171,35 @@ std::string render_compare(const std::vector<RunLogs>& runs) {
       "<h2>Loss</h2><div class=\"grid\">" + line_chart("Validation loss", val, {}, axis, false) +
       line_chart("Training LM loss (interval mean, without aux and z)", train, {}, axis, false) +
       "</div>\n";
+
+  // At equal data and equal compute: each run's x counts the training of the weights it
+  // started from (train.init_from) too, so a run continued from another lines up after it.
+  std::vector<Series> by_tokens, by_flops;
+  double max_tokens = 0, max_flops = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Upstream up = upstream_of(runs[i]);
+    Series t{summaries[i].name, series_color(i), {}}, f{summaries[i].name, series_color(i), {}};
+    for (const auto& e : runs[i].eval) {
+      const double tokens = static_cast<double>(up.tokens + e.tokens);
+      t.points.emplace_back(tokens, e.val_loss);
+      max_tokens = std::max(max_tokens, tokens);
+      if (!e.flops) continue;
+      f.points.emplace_back(up.flops + *e.flops, e.val_loss);
+      max_flops = std::max(max_flops, up.flops + *e.flops);
+    }
+    by_tokens.push_back(std::move(t));
+    if (!f.points.empty()) by_flops.push_back(std::move(f));
+  }
+  html += "<h2>Loss at equal data and compute</h2><div class=\"grid\">" +
+          line_chart("Validation loss against training tokens", by_tokens, {},
+                     StepAxis(max_tokens, "tokens"), false);
+  if (!by_flops.empty())
+    html += line_chart("Validation loss against training FLOPs", by_flops, {},
+                       StepAxis(max_flops, "FLOPs"), false);
+  html +=
+      "</div><p class=\"note\">A run started from another's weights (train.init_from) counts "
+      "the tokens and FLOPs that trained them. FLOPs: 6 per weight a token passes through "
+      "and the attention products (docs/upcycling.md).</p>\n";
 
   for (size_t layer = 0; layer < layers; ++layer) {
     std::vector<Series> maxvio, entropy;

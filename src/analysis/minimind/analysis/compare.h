@@ -20,7 +20,17 @@ struct RunSummary {
   std::vector<std::optional<double>> mi;    // per layer: the last evaluation's routing information
   std::optional<double> dropped;            // capacity: fraction dropped in the last interval
   double tok_per_s = 0;                     // training tokens per second over the run
+  // The training behind the last evaluation, that of the weights it started from included
+  // (train.init_from): tokens and FLOPs (flops.h; unset for runs logged before FLOPs were).
+  int64_t tokens = 0;
+  std::optional<double> flops;
 };
+// The training that made a run's starting weights (0 for a run from random weights).
+struct Upstream {
+  int64_t tokens = 0;
+  double flops = 0;
+};
+Upstream upstream_of(const RunLogs& logs);
 RunSummary summarize_run(const RunLogs& logs);
 
 // How the page names each run: its directory's name where that is distinct, else the

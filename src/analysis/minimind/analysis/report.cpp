@@ -260,8 +260,8 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
           "Experts over ranks: most token rows a rank received / the mean, per layer (1 = even)",
           exchange, {}, axis);
     if (!similarity.empty())  // upcycled experts start as copies (1) and separate
-      html += line_chart("Expert similarity per layer (mean pair cosine; 1 = copies)",
-                         similarity, all_events, axis);
+      html += line_chart("Expert similarity per layer (mean pair cosine; 1 = copies)", similarity,
+                         all_events, axis);
     html += "</div>\n";
     html += router_section(mi, token_entropy, grad_lm, grad_bal, logs.uninformative, axis);
     html += balancing_section(logs, dropped, axis);

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "minimind/data/jsonl.h"
+#include "minimind/flops.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/util/stopwatch.h"
@@ -41,6 +42,13 @@ WeightsSource find_weights(const std::string& path) {
   w.config = load_config_string(state.config_yaml, ckpt + "/state.json");
   w.run_dir = fs::path(ckpt).parent_path().parent_path().string();
   w.weights = (fs::path(ckpt) / "model.pth").string();
+  w.trained_tokens = state.tokens;
+  w.trained_flops = static_cast<double>(state.tokens) *
+                    flops_per_token(w.config->model, w.config->data.max_seq_len).total();
+  if (state.init_from.is_object() && state.init_from.contains("source_tokens")) {
+    *w.trained_tokens += state.init_from.at("source_tokens").get<int64_t>();
+    *w.trained_flops += state.init_from.at("source_flops").get<double>();
+  }
   return w;
 }
 

@@ -30,6 +30,10 @@ struct WeightsSource {
   std::string run_dir;           // the run it belongs to, "" for a bare .pth
   std::optional<Config> config;  // the checkpoint's own (none for a bare .pth)
   int64_t step = 0;              // the checkpoint's optimizer steps (0 for a bare .pth)
+  // The training that made the weights (unset for a bare .pth): the run's tokens and FLOPs
+  // (flops.h) up to the checkpoint, and those of the runs it started from in turn.
+  std::optional<int64_t> trained_tokens;
+  std::optional<double> trained_flops;
 };
 WeightsSource find_weights(const std::string& path);
 

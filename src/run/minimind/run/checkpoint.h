@@ -47,7 +47,10 @@ struct TrainState {
   nlohmann::json monitor;
   // The weights the run started from (train.init_from): an object with "path" (as given),
   // "weights" (the .pth read), "step" (its checkpoint's step, 0 for a bare .pth) and
-  // "content_key" (XXH3-128 of the .pth's bytes); null for a run from random weights.
+  // "content_key" (XXH3-128 of the .pth's bytes), "mode" and the upcycling's settings and
+  // plan, and "source_tokens" / "source_flops" (the training that made the weights, the
+  // source's own sources included; absent for a bare .pth); null for a run from random
+  // weights.
   nlohmann::json init_from;
 };
 

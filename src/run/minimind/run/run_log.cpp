@@ -244,6 +244,7 @@ RunLogs read_run_logs(const std::string& run_dir) {
     if (*event == "collapse") r.collapses.push_back(j.get<CollapseRecord>());
     if (*event == "uninformative") r.uninformative.push_back(j.get<UninformativeRecord>());
     if (*event == "init_from") r.init = j.get<InitRecord>();
+    if (*event == "flops") r.flops = j.get<FlopsRecord>();
   });
   return r;
 }

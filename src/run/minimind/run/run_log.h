@@ -39,6 +39,7 @@ struct Tag {
 struct TrainRecord {
   int64_t step = 0;                            // the interval's last optimizer step
   int64_t tokens = 0;                          // training tokens seen so far (all ranks)
+  std::optional<double> flops;                 // training FLOPs so far (flops.h; unset in old logs)
   double loss = 0, lm_loss = 0, aux_loss = 0;  // loss = lm_loss + aux_loss (summed aux)
   double lr = 0;                               // at the last step
   double grad_norm = 0;                        // before clipping
@@ -51,7 +52,8 @@ struct TrainRecord {
   template <class R, class F>
   static void fields(R& r, F&& f) {
     f("split", Tag{"train"});
-    f("step", r.step), f("tokens", r.tokens), f("loss", r.loss), f("lm_loss", r.lm_loss);
+    f("step", r.step), f("tokens", r.tokens), f("flops", r.flops), f("loss", r.loss);
+    f("lm_loss", r.lm_loss);
     f("aux_loss", r.aux_loss), f("lr", r.lr), f("grad_norm", r.grad_norm);
     f("tok_per_s", r.tok_per_s), f("elapsed", r.elapsed), f("allreduce_ms", r.allreduce_ms);
     f("z_loss", r.z_loss), f("dropped", r.dropped);
@@ -62,13 +64,14 @@ struct TrainRecord {
 struct EvalRecord {
   int64_t step = 0, tokens = 0;  // when: optimizer steps and training tokens so far
   double val_loss = 0, val_ppl = 0;
-  int64_t val_tokens = 0;  // predicted positions
+  int64_t val_tokens = 0;       // predicted positions
+  std::optional<double> flops;  // training FLOPs so far (flops.h; unset in old logs)
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
     f("split", Tag{"eval"});
     f("step", r.step), f("tokens", r.tokens), f("val_loss", r.val_loss);
-    f("val_ppl", r.val_ppl), f("val_tokens", r.val_tokens);
+    f("val_ppl", r.val_ppl), f("val_tokens", r.val_tokens), f("flops", r.flops);
   }
 };
 
@@ -160,12 +163,36 @@ struct InitRecord {
   int64_t source_step = 0;  // its checkpoint's step (0 for a bare .pth)
   std::string content_key;  // XXH3-128 of the .pth's bytes
   std::string message;      // as logged
+  // The training that made the weights: tokens and FLOPs of the source's run and of the
+  // runs it started from in turn (unset for a bare .pth, whose history is unknown).
+  std::optional<int64_t> source_tokens;
+  std::optional<double> source_flops;
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
     f("event", Tag{"init_from"});
     f("step", r.step), f("path", r.path), f("weights", r.weights);
     f("source_step", r.source_step), f("content_key", r.content_key), f("message", r.message);
+    f("source_tokens", r.source_tokens), f("source_flops", r.source_flops);
+  }
+};
+
+// events.jsonl: what one trained token costs, by component (flops.h), written when a run
+// starts; metrics.jsonl's `flops` is the running total.
+struct FlopsRecord {
+  int64_t step = 0;
+  int64_t seq = 0;  // the sequence length attention is counted at
+  double per_token = 0;
+  double attention_projections = 0, attention_scores = 0, feed_forward = 0, shared_experts = 0,
+         router = 0, lm_head = 0;
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("event", Tag{"flops"});
+    f("step", r.step), f("seq", r.seq), f("per_token", r.per_token);
+    f("attention_projections", r.attention_projections);
+    f("attention_scores", r.attention_scores), f("feed_forward", r.feed_forward);
+    f("shared_experts", r.shared_experts), f("router", r.router), f("lm_head", r.lm_head);
   }
 };
 
@@ -195,7 +222,8 @@ struct EvalSummary {
 // Every record type, for code that does the same for each (X is a macro taking the type).
 #define MINIMIND_RUN_LOG_RECORDS(X) \
   X(TrainRecord)                    \
-  X(EvalRecord) X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(InitRecord) X(EvalSummary)
+  X(EvalRecord)                     \
+  X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(InitRecord) X(FlopsRecord) X(EvalSummary)
 
 // JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
 // throws DataError naming the field.
@@ -218,6 +246,7 @@ class RunLogWriter {
   void write(const CollapseRecord& r) { append(events_, r); }
   void write(const UninformativeRecord& r) { append(events_, r); }
   void write(const InitRecord& r) { append(events_, r); }
+  void write(const FlopsRecord& r) { append(events_, r); }
 
  private:
   static void open(std::ofstream& out, const std::string& path, int64_t keep_until_step);
@@ -234,7 +263,8 @@ struct RunLogs {
   std::map<int64_t, std::vector<LoadRecord>> eval_load;   // layer -> one per evaluation
   std::vector<CollapseRecord> collapses;
   std::vector<UninformativeRecord> uninformative;
-  std::optional<InitRecord> init;  // the weights the run started from, if not random
+  std::optional<InitRecord> init;    // the weights the run started from, if not random
+  std::optional<FlopsRecord> flops;  // the cost of a trained token (the newest start's)
   int64_t last_step() const;
 };
 

@@ -34,24 +34,6 @@ Config bench_config(const std::string& preset, const std::vector<std::string>& s
   return cfg;
 }
 
-double flops_per_token(const ModelConfig& m, int64_t seq) {
-  const auto H = static_cast<double>(m.hidden_size), d = static_cast<double>(m.head_dim());
-  const double attn = H * static_cast<double>(m.num_attention_heads) * d * 2 +
-                      H * static_cast<double>(m.num_key_value_heads) * d * 2;
-  // MoE: k routed experts, the shared experts, the router (learned routers only).
-  const double ffn = m.use_moe
-                         ? static_cast<double>(m.num_experts_per_tok) * 3 * H *
-                                   static_cast<double>(m.expert_ffn_size()) +
-                               static_cast<double>(m.n_shared_experts) * 3 * H *
-                                   static_cast<double>(m.shared_ffn_size()) +
-                               (m.learned_router() ? H * static_cast<double>(m.num_experts) : 0)
-                         : 3 * H * static_cast<double>(m.ffn_size());
-  const double layers = static_cast<double>(m.num_hidden_layers);
-  const double matmul_params = layers * (attn + ffn) + H * static_cast<double>(m.vocab_size);
-  return 6 * matmul_params +
-         12.0 * layers * static_cast<double>(seq) * static_cast<double>(m.num_attention_heads) * d;
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -115,7 +97,7 @@ std::vector<VariantSpeed> compare_variants(
     r.plan = v.plan;
     r.step_seconds = median(v.seconds);
     r.tok_s = static_cast<double>(B * T) / r.step_seconds;
-    r.gflops = r.tok_s * flops_per_token(v.cfg.model, T) / 1e9;
+    r.gflops = r.tok_s * flops_per_token(v.cfg.model, T).total() / 1e9;
     out.push_back(r);
   }
   return out;

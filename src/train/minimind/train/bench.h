@@ -9,6 +9,7 @@
 
 #include "minimind/compute_plan.h"
 #include "minimind/config.h"
+#include "minimind/flops.h"
 
 namespace minimind {
 
@@ -17,13 +18,6 @@ namespace minimind {
 // moe-e64k16), with --set style overrides, validated; warnings go to spdlog.
 Config bench_config(const std::string& preset, const std::vector<std::string>& sets);
 constexpr int64_t kBenchBatch = 8, kBenchSeq = 256;
-
-// Model FLOPs per trained token: 6 x the matmul weights a token passes through (attention
-// projections, the active experts or the dense FFN, routers, lm_head), plus attention
-// scores and weighted sums, 12 x layers x seq x heads*head_dim (forward + backward, the
-// full T x T matrix as computed). With a capacity this is the nominal count: dropped
-// assignments are work the model skips.
-double flops_per_token(const ModelConfig& m, int64_t seq);
 
 double median(std::vector<double> v);
 

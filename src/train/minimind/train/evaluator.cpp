@@ -1,6 +1,7 @@
 #include "minimind/train/evaluator.h"
 
 #include "minimind/eval/evaluate.h"
+#include "minimind/flops.h"
 #include "minimind/util/stopwatch.h"
 
 namespace minimind {
@@ -10,7 +11,13 @@ void Evaluator::evaluate_at(int64_t step, int64_t tokens) {
   EvalResult ev = evaluate(model_, val_, cfg_.data.max_seq_len, cfg_.train.batch_size, -1,
                            LongDocuments::windows, parallel_);
   EvalInfo info;
-  info.record = {step, tokens, ev.loss, ev.ppl, ev.tokens};
+  info.record = {
+      step,
+      tokens,
+      ev.loss,
+      ev.ppl,
+      ev.tokens,
+      static_cast<double>(tokens) * flops_per_token(cfg_.model, cfg_.data.max_seq_len).total()};
   info.counts = std::move(ev.expert_counts);
   info.documents = ev.documents;
   info.seconds = clock.seconds();

@@ -89,6 +89,7 @@ void IntervalWindow::on_step(const StepInfo& s) {
   IntervalInfo info;
   TrainRecord& r = info.record;
   r.step = s.step, r.tokens = s.tokens;
+  r.flops = static_cast<double>(s.tokens) * flops_per_token_;
   r.loss = loss_ / n, r.lm_loss = lm_ / n, r.aux_loss = aux_ / n;
   r.lr = s.lr, r.grad_norm = grad_norm_ / n;
   r.tok_per_s = tokens_ / std::max(1e-9, clock_.seconds());

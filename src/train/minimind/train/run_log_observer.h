@@ -19,6 +19,7 @@ class RunLogObserver : public Observer {
   void on_collapse(const CollapseRecord& c) override { writer_.write(c); }
   void on_uninformative(const UninformativeRecord& u) override { writer_.write(u); }
   void write(const InitRecord& r) { writer_.write(r); }
+  void write(const FlopsRecord& r) { writer_.write(r); }
 
  private:
   RunLogWriter writer_;

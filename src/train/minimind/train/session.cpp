@@ -332,6 +332,9 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
         {"weights", init->weights},
         {"step", init->step},
         {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
+    if (init->trained_tokens)  // what made the weights, for comparisons at equal compute
+      s.state.init_from.update(
+          {{"source_tokens", *init->trained_tokens}, {"source_flops", *init->trained_flops}});
     if (upcycled)
       s.state.init_from.update({{"upcycle_scaling", cfg.train.upcycle_scaling},
                                 {"granularity", upcycled->granularity},

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "minimind/flops.h"
 #include "minimind/train/analysis_writer.h"
 #include "minimind/train/checkpointer.h"
 #include "minimind/train/collapse_watcher.h"
@@ -71,7 +72,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   // report), the console, rank 0's logs, collapse watcher and checkpointer, the evaluator
   // (every rank takes part), then the caller's observers.
   Observers bus;
-  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1);
+  const FlopsPerToken flops = flops_per_token(cfg.model, cfg.data.max_seq_len);
+  IntervalWindow window(cfg.log.interval, bus, dist.world_size() > 1, flops.total());
   ConsoleObserver console(*s->log, main_rank, cfg.log.console == "full");
   std::optional<RunLogObserver> logs;
   std::optional<CollapseWatcher> watcher;
@@ -91,8 +93,23 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
       r.message = "weights from " + r.path + " (step " + std::to_string(r.source_step) +
                   " of its run, content key " + r.content_key + ")" +
                   (i.value("mode", "copy") == "upcycle" ? ", upcycled into experts" : "");
+      if (i.contains("source_tokens"))
+        r.source_tokens = i.at("source_tokens").get<int64_t>(),
+        r.source_flops = i.at("source_flops").get<double>();
       logs->write(r);
     }
+    FlopsRecord f;
+    f.step = state.step, f.seq = cfg.data.max_seq_len, f.per_token = flops.total();
+    f.attention_projections = flops.attention_projections;
+    f.attention_scores = flops.attention_scores, f.feed_forward = flops.feed_forward;
+    f.shared_experts = flops.shared_experts, f.router = flops.router, f.lm_head = flops.lm_head;
+    logs->write(f);
+    std::string parts;
+    for (const auto& [name, v] : flops.components())
+      if (v > 0)
+        parts +=
+            fmt::format("{}{} {:.1f}%", parts.empty() ? "" : ", ", name, 100 * v / flops.total());
+    s->log->info("training FLOPs per token: {:.4g} ({})", flops.total(), parts);
     bus.add(watcher.emplace(
         CollapseThresholds{cfg.log.collapse_max_share, cfg.log.collapse_dead_experts,
                            cfg.log.collapse_patience},
