@@ -9,7 +9,8 @@
 #  3. capacity is per sending rank, as under data parallelism: equal to it (1e-5);
 #  4. one checkpoint format: an expert-parallel checkpoint resumed without expert parallelism
 #     and the reverse give the losses of uninterrupted runs (1e-5), and minimind-eval reads it;
-#  5. refusals before training: run.expert_parallel differing between ranks, not dividing the
+#  5. a dense run upcycled into experts: 2 x 4 with experts over 2 ranks as 1 x 8 (1e-5);
+#  6. refusals before training: run.expert_parallel differing between ranks, not dividing the
 #     ranks; a rank killed mid-run stops the other within seconds, naming it.
 # Usage: dist_expert_parallel.sh MINIMIND_TRAIN SOURCE_DIR
 set -euo pipefail
@@ -63,6 +64,27 @@ for name in top1 top2 lab seq; do
     { echo "FAIL: not expert parallel" >&2; exit 1; }
   compare "$WORK/$name-1x8" "$WORK/$name-ep2" 1e-5 "$name 1x8 vs 2x4 experts over 2 ranks"
 done
+# Upcycled (train.init_from, train.init_mode: upcycle, Drop-Upcycling): every rank upcycles
+# the whole model from the seed, then keeps its experts; experts over 2 ranks train as one
+# rank, and the experts' similarity (a Gram matrix over the expert group) agrees.
+"$BIN" --config "$WORK/top1.yaml" --out "$WORK/dense-src" --set model.use_moe=false \
+  --set train.max_steps=6 > "$WORK/dense-src.log" 2>&1 || { cat "$WORK/dense-src.log"; exit 1; }
+UPCYCLE=(--set train.init_from="$WORK/dense-src" --set train.init_mode=upcycle
+         --set train.upcycle_drop=0.5 --set model.norm_topk_prob=true)
+one top2 up-1x8 "${UPCYCLE[@]}"
+two top2 up-ep2 "${UPCYCLE[@]}" "${EP[@]}"
+compare "$WORK/up-1x8" "$WORK/up-ep2" 1e-5 "upcycled top-2 1x8 vs 2x4 experts over 2 ranks"
+"$PY" - "$WORK/up-1x8" "$WORK/up-ep2" <<'PY'
+import json, sys
+def sims(run):
+    return [(r["step"], r["layer"], r["expert_similarity"]) for r in map(json.loads, open(run + "/expert_load.jsonl"))
+            if r["split"] == "train" and r.get("expert_similarity") is not None]
+a, b = sims(sys.argv[1]), sims(sys.argv[2])
+assert len(a) == len(b) == 24 and [x[:2] for x in a] == [y[:2] for y in b], (len(a), len(b))
+d = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x[2], y[2]))
+print(f"expert similarity, 1 rank vs experts over 2 ranks: {len(a)} records, max |diff| {d:.2g}")
+assert d < 1e-5
+PY
 two lab lab-ep2-shards "${EP[@]}" --set run.threads=2
 grep -q "each micro-batch in 2 shards side by side" "$WORK/lab-ep2-shards.log" ||
   { echo "FAIL: the ranks did not train in shards" >&2; exit 1; }

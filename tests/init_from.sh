@@ -174,6 +174,39 @@ for run in ("up1", "drop"):
 PY
 "$EVAL" inspect drop | grep -q "similarity .* (most alike pair" || fail "inspect shows no similarity"
 grep -q "Expert similarity per layer" drop/report.html || fail "the report has no similarity chart"
+# bf16 products: the upcycled top-2 model's step-0 loss equals the dense weights' in bf16
+# (a plain copy) to 1e-4 (2.7e-7 measured: the experts' weighted sum rounds differently).
+BF16=(--set run.precision=bf16 --set run.bf16_emulation=true --set train.max_steps=2)
+"$TRAIN" --config tiny.yaml --out dense-bf16 --set model.use_moe=false --set train.init_from=dense \
+  "${BF16[@]}" > dense-bf16.log 2>&1 || { cat dense-bf16.log >&2; fail "dense bf16 copy"; }
+"$TRAIN" --config tiny.yaml --out up-bf16 --set train.init_from=dense --set train.init_mode=upcycle \
+  --set model.norm_topk_prob=true --set model.num_experts_per_tok=2 "${BF16[@]}" > up-bf16.log 2>&1 ||
+  { cat up-bf16.log >&2; fail "upcycled bf16 run"; }
+grep -q "matrix products in bf16" up-bf16.log || fail "the upcycled run is not bf16"
+python3 -c "import sys; a, b = map(float, sys.argv[1:]); d = abs(a - b); \
+print(f'bf16 step 0: dense {a:.5f}, upcycled top-2 {b:.5f}, |diff| {d:.1e}'); sys.exit(d > 1e-4)" \
+  "$(val_losses dense-bf16 | sed -n 1p | cut -d' ' -f2)" "$(val_losses up-bf16 | sed -n 1p | cut -d' ' -f2)" ||
+  fail "bf16 upcycling changed the function beyond bf16's resolution"
+# Killed and resumed: an upcycled run (Drop-Upcycling draws from the generator) killed with
+# SIGKILL resumes from its checkpoint to the losses of an uninterrupted one, bit for bit.
+UP=(--set train.init_from=dense --set train.init_mode=upcycle --set train.upcycle_drop=0.5
+    --set train.max_steps=40 --set train.checkpoint_interval=4 --set train.eval_interval=20)
+"$TRAIN" --config tiny.yaml --out upfull "${UP[@]}" > upfull.log 2>&1 || { cat upfull.log >&2; fail "upfull"; }
+"$TRAIN" --config tiny.yaml --out upkill "${UP[@]}" > upkill.log 2>&1 &
+pid=$!
+for _ in $(seq 1 1200); do [ -e upkill/checkpoints/step_00000008 ] && break; sleep 0.05; done
+kill -9 "$pid"
+wait "$pid" 2>/dev/null || true
+[ ! -d upkill/checkpoints/step_00000040 ] || fail "the upcycled run finished before it was killed"
+"$TRAIN" --config tiny.yaml --out upkill "${UP[@]}" --resume > upkill2.log 2>&1 ||
+  { cat upkill2.log >&2; fail "resuming the upcycled run"; }
+train_losses() { python3 -c '
+import json, sys
+print([(j["step"], j["loss"]) for j in map(json.loads, open(sys.argv[1])) if j["split"] == "train"])' \
+  "$1/metrics.jsonl"; }
+[ "$(train_losses upfull)" = "$(train_losses upkill)" ] ||
+  fail "the killed upcycled run resumed to other losses"
+echo "upcycled run killed at step $(grep -o 'resuming upkill/checkpoints/step_[0-9]*' upkill2.log | tail -c 9) resumed to the same 40 losses"
 expect_refusal drop_alone "train.upcycle_drop .*needs train.init_mode: upcycle" --out c \
   --set train.upcycle_drop=0.5
 expect_refusal moe_source "hold experts (model.layers.0.mlp.experts.0" --out c \
