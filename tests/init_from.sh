@@ -96,6 +96,10 @@ expect_refusal shape "train.init_from (--set train.init_from=a): weights in .* d
 expect_refusal bare "brings no tokenizer and data.tokenizer is empty" --out c \
   --set train.init_from=a/checkpoints/step_00000006/model.pth
 expect_refusal missing "checkpoint 'nowhere' does not exist" --out c --set train.init_from=nowhere
+cp -r a/checkpoints/step_00000006 corrupt
+truncate -s $(( $(stat -c %s corrupt/model.pth) / 2 )) corrupt/model.pth
+expect_refusal corrupt "train.init_from (--set train.init_from=corrupt): 'corrupt/model.pth' is damaged" \
+  --out c --set train.init_from=corrupt
 expect_refusal vocab "has 6400 pieces but model.vocab_size is 512" --out c \
   --set train.init_from=a --set data.tokenizer="$SRC/tests/data/minimind-tokenizer/tokenizer.json"
 # Upcycling: a dense run's feed-forward into every expert. With renormalised top-k weights
