@@ -87,8 +87,9 @@ def sim(run):  # the last logged mean expert similarity, averaged over layers
     v = [r["expert_similarity_mean"] for r in rows if r["step"] == last]
     return sum(v) / len(v)
 print("| variant | " + " | ".join(f"val loss (seed {s})" for s in seeds) +
-      " | mean | spread | tokens | training FLOPs | expert similarity |")
-print("|---" * (len(seeds) + 6) + "|")
+      " | mean | spread | vs dense-cont, per seed | tokens | training FLOPs | expert similarity |")
+print("|---" * (len(seeds) + 7) + "|")
+base = [last_eval(f"dense-cont-{s}")["val_loss"] for s in seeds]
 for v in ("dense-cont", "up-top1", "up-top2", "up-drop", "moe-scratch"):
     losses, tokens, flops, sims = [], [], [], []
     for s in seeds:
@@ -99,8 +100,10 @@ for v in ("dense-cont", "up-top1", "up-top2", "up-drop", "moe-scratch"):
         sims.append(sim(run))
     spread = max(losses) - min(losses)
     s_txt = "—" if sims[0] is None else " / ".join(f"{x:.3f}" for x in sims)
+    # The same seed shares the dense phase: paired differences cancel most of its noise.
+    paired = " / ".join(f"{x - b:+.4f}" for x, b in zip(losses, base))
     print(f"| {v} | " + " | ".join(f"{x:.4f}" for x in losses) +
-          f" | {statistics.mean(losses):.4f} | {spread:.4f} | {tokens[0]} | {flops[0]:.3e} | {s_txt} |")
+          f" | {statistics.mean(losses):.4f} | {spread:.4f} | {paired} | {tokens[0]} | {flops[0]:.3e} | {s_txt} |")
 PY
 cat "$OUT/summary.md"
 echo "upcycle-study: done in $(( $(date +%s) - start )) s; open $OUT/compare.html"
