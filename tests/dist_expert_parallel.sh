@@ -9,7 +9,8 @@
 #  3. capacity is per sending rank, as under data parallelism: equal to it (1e-5);
 #  4. one checkpoint format: an expert-parallel checkpoint resumed without expert parallelism
 #     and the reverse give the losses of uninterrupted runs (1e-5), and minimind-eval reads it;
-#  5. a dense run upcycled into experts: 2 x 4 with experts over 2 ranks as 1 x 8 (1e-5);
+#  5. a dense run upcycled into experts: 2 x 4 with experts over 2 ranks, and data parallel,
+#     as 1 x 8 (1e-5);
 #  6. refusals before training: run.expert_parallel differing between ranks, not dividing the
 #     ranks; a rank killed mid-run stops the other within seconds, naming it.
 # Usage: dist_expert_parallel.sh MINIMIND_TRAIN SOURCE_DIR
@@ -74,6 +75,8 @@ UPCYCLE=(--set train.init_from="$WORK/dense-src" --set train.init_mode=upcycle
 one top2 up-1x8 "${UPCYCLE[@]}"
 two top2 up-ep2 "${UPCYCLE[@]}" "${EP[@]}"
 compare "$WORK/up-1x8" "$WORK/up-ep2" 1e-5 "upcycled top-2 1x8 vs 2x4 experts over 2 ranks"
+two top2 up-dp "${UPCYCLE[@]}"
+compare "$WORK/up-1x8" "$WORK/up-dp" 1e-5 "upcycled top-2 1x8 vs 2x4 data parallel"
 "$PY" - "$WORK/up-1x8" "$WORK/up-ep2" <<'PY'
 import json, sys
 def sims(run):
