@@ -336,6 +336,19 @@ TEST_F(ExportTest, RefusesWhatTheTargetCannotCompute) {
   EXPECT_NE(
       test::error_of<ConfigError>([&] { hf_architecture(shared); }).find("model.n_shared_experts"),
       std::string::npos);
+  // DeepSeek-V4's scores and scale: neither llama.cpp nor Qwen3-MoE computes them.
+  ModelConfig v4;
+  v4.use_moe = true, v4.scoring_func = ScoringFunc::sqrtsoftplus;
+  for (auto* arch : {&gguf_architecture, &hf_architecture})
+    EXPECT_NE(
+        test::error_of<ConfigError>([&] { (*arch)(v4); }).find("model.scoring_func = sqrtsoftplus"),
+        std::string::npos);
+  ModelConfig scaled;
+  scaled.use_moe = true, scaled.routed_scaling_factor = 1.5;
+  for (auto* arch : {&gguf_architecture, &hf_architecture})
+    EXPECT_NE(
+        test::error_of<ConfigError>([&] { (*arch)(scaled); }).find("model.routed_scaling_factor"),
+        std::string::npos);
 }
 
 // An existing --out is kept unless --overwrite, and --overwrite replaces only a GGUF file

@@ -24,6 +24,7 @@ class MiniMindConfig:
         aux_loss_scope="batch", router_z_loss_coef=0.0, scoring_func="softmax",
         router_bias_update_rate=0.0, capacity_factor=0.0, capacity_drop_policy="probs",
         n_shared_experts=0, shared_expert_intermediate_size=None, router="learned",
+        routed_scaling_factor=1.0,
     )
 
     def __init__(self, **kw):
@@ -149,8 +150,8 @@ class MOEFeedForward(nn.Module):
         if c.router == "hash":
             return torch.ones(n, 1), (token_ids % e).unsqueeze(1), None, None
         logits = self.gate(x_flat)
-        if c.scoring_func == "sigmoid":
-            scores = torch.sigmoid(logits)
+        if c.scoring_func in ("sigmoid", "sqrtsoftplus"):  # independent scores, DeepSeek-V3 / V4
+            scores = torch.sigmoid(logits) if c.scoring_func == "sigmoid" else torch.sqrt(F.softplus(logits))
             probs = scores / scores.sum(dim=-1, keepdim=True)
         else:
             scores = probs = F.softmax(logits, dim=-1)
@@ -162,7 +163,7 @@ class MOEFeedForward(nn.Module):
             weight, idx = torch.topk(scores, k=k, dim=-1, sorted=False)
         if c.norm_topk_prob:
             weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
-        return weight, idx, probs, logits
+        return weight * c.routed_scaling_factor, idx, probs, logits
 
     def capacity(self, weight, idx):
         """keep[n, j]: False for the (token, slot) assignments over an expert's capacity."""

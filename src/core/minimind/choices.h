@@ -10,8 +10,9 @@ namespace minimind {
 
 // model.aux_loss_scope: over which tokens the aux loss's expert shares f_e are counted.
 enum class AuxScope { batch, sequence, global };
-// model.scoring_func: the router's scores (softmax over experts, or DeepSeek-V3's sigmoid).
-enum class ScoringFunc { softmax, sigmoid };
+// model.scoring_func: the router's scores (softmax over experts, DeepSeek-V3's sigmoid, or
+// DeepSeek-V4's sqrt(softplus(logit))).
+enum class ScoringFunc { softmax, sigmoid, sqrtsoftplus };
 // model.capacity_drop_policy: which assignments over an expert's capacity are dropped.
 enum class DropPolicy { probs, position };
 // model.router: the learned router, or a control that routes without a score.
@@ -32,7 +33,7 @@ struct ChoiceNames<AuxScope> {
 };
 template <>
 struct ChoiceNames<ScoringFunc> {
-  static constexpr std::array<const char*, 2> names{"softmax", "sigmoid"};
+  static constexpr std::array<const char*, 3> names{"softmax", "sigmoid", "sqrtsoftplus"};
 };
 template <>
 struct ChoiceNames<DropPolicy> {

@@ -98,6 +98,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(model, aux_loss_scope),
       MM_FIELD(model, router_z_loss_coef),
       MM_FIELD(model, scoring_func),
+      MM_FIELD(model, routed_scaling_factor),
       MM_FIELD(model, router_bias_update_rate),
       MM_FIELD(model, capacity_factor),
       MM_FIELD(model, capacity_drop_policy),
@@ -214,6 +215,7 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
   c.non_negative_real("model.router_bias_update_rate", m.router_bias_update_rate);
   c.non_negative_real("model.capacity_factor", m.capacity_factor);
   c.non_negative("model.n_shared_experts", m.n_shared_experts);
+  c.positive_real("model.routed_scaling_factor", m.routed_scaling_factor);
   if (m.shared_expert_intermediate_size)
     c.positive("model.shared_expert_intermediate_size", *m.shared_expert_intermediate_size);
 
@@ -222,6 +224,7 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
       {"model.aux_loss_scope", m.aux_loss_scope != AuxScope::batch},
       {"model.router_z_loss_coef", m.router_z_loss_coef != 0},
       {"model.scoring_func", m.scoring_func != ScoringFunc::softmax},
+      {"model.routed_scaling_factor", m.routed_scaling_factor != 1.0},
       {"model.router_bias_update_rate", m.router_bias_update_rate != 0},
       {"model.capacity_factor", m.capacity_factor != 0},
       {"model.n_shared_experts", m.n_shared_experts != 0},
@@ -424,7 +427,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "designed for DeepSeek-V3's independent sigmoid affinities (Megatron refuses this "
         "pair). Softmax scores of one token compete, so a bias step of fixed size moves "
         "selection by an amount that depends on how peaked the softmax is; consider "
-        "scoring_func: sigmoid.");
+        "scoring_func: sigmoid (or sqrtsoftplus).");
   // Only a policy other than the default is worth a word: a config written by
   // --print-config names every key.
   if (m.use_moe && m.capacity_factor == 0 && cfg.origin.count("model.capacity_drop_policy") &&

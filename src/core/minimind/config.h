@@ -60,9 +60,10 @@ struct ModelConfig {
   // keeps MiniMind-3's routing float for float.
   AuxScope aux_loss_scope = AuxScope::batch;
   double router_z_loss_coef = 0.0;                  // ST-MoE router z-loss, per layer
-  ScoringFunc scoring_func = ScoringFunc::softmax;  // sigmoid: DeepSeek-V3
-  double router_bias_update_rate = 0.0;             // aux-loss-free bias: u of the sign update
-  double capacity_factor = 0.0;                     // 0: dropless; else C = ceil(cf * k * T / E)
+  ScoringFunc scoring_func = ScoringFunc::softmax;  // sigmoid: DeepSeek-V3; sqrtsoftplus: V4
+  double routed_scaling_factor = 1.0;    // the routed experts' weights times this (V4: 1.5)
+  double router_bias_update_rate = 0.0;  // aux-loss-free bias: u of the sign update
+  double capacity_factor = 0.0;          // 0: dropless; else C = ceil(cf * k * T / E)
   DropPolicy capacity_drop_policy = DropPolicy::probs;
   int64_t n_shared_experts = 0;                            // always-on experts (DeepSeekMoE)
   std::optional<int64_t> shared_expert_intermediate_size;  // unset: = moe_intermediate_size

@@ -343,6 +343,13 @@ void refuse_unlearned_or_dropping(const ModelConfig& m, const std::string& targe
 std::string gguf_architecture(const ModelConfig& m) {
   if (!m.use_moe) return "qwen3";
   refuse_unlearned_or_dropping(m, "GGUF", "llama.cpp");
+  if (m.scoring_func == ScoringFunc::sqrtsoftplus)
+    refuse("model.scoring_func = sqrtsoftplus", "GGUF",
+           "has no counterpart in llama.cpp, whose gating functions are softmax and sigmoid");
+  if (m.routed_scaling_factor != 1.0)
+    refuse("model.routed_scaling_factor", "GGUF",
+           "is not carried by this export (its scale on the routed weights is not checked "
+           "against llama.cpp)");
   const bool plain = m.scoring_func == ScoringFunc::softmax && m.router_bias_update_rate == 0 &&
                      m.n_shared_experts == 0;
   // qwen3moe always renormalises the chosen weights; hy_v3 reads whether to.
@@ -356,6 +363,9 @@ std::string hf_architecture(const ModelConfig& m) {
     refuse("model.scoring_func = " + std::string(name_of(m.scoring_func)),
            "a Hugging Face Qwen3-MoE",
            "has no counterpart: Qwen3-MoE scores experts with a softmax");
+  if (m.routed_scaling_factor != 1.0)
+    refuse("model.routed_scaling_factor", "a Hugging Face Qwen3-MoE",
+           "has no counterpart: Qwen3-MoE does not scale the routed weights");
   if (m.router_bias_update_rate > 0)
     refuse("model.router_bias_update_rate", "a Hugging Face Qwen3-MoE",
            "(the selection bias) has no counterpart in Qwen3-MoE");

@@ -77,8 +77,10 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
   // the aux losses' probabilities must not move with bf16's rounding.
   r.logits = project(x_flat, gate->weight, Precision::fp32);  // [N, E]
   torch::Tensor scores;
-  if (opt_.scoring == ScoringFunc::sigmoid) {
-    scores = torch::sigmoid(r.logits);                    // [N, E] independent affinities
+  if (opt_.scoring != ScoringFunc::softmax) {
+    // Independent affinities: DeepSeek-V3's sigmoid, or V4's sqrt(softplus(logit)).
+    scores = opt_.scoring == ScoringFunc::sigmoid ? torch::sigmoid(r.logits)
+                                                  : torch::softplus(r.logits).sqrt();  // [N, E]
     r.probs = scores / scores.sum(-1, /*keepdim=*/true);  // [N, E] for the aux losses
   } else {
     scores = r.probs = torch::softmax(r.logits, -1);  // [N, E]
@@ -92,6 +94,7 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
         torch::topk(scores, top_k_, -1, /*largest=*/true, /*sorted=*/false);
   }
   if (opt_.norm_topk_prob) r.weight = r.weight / (r.weight.sum(-1, /*keepdim=*/true) + 1e-20);
+  if (opt_.routed_scaling != 1.0) r.weight = r.weight * opt_.routed_scaling;  // [N, k]
   return r;
 }
 

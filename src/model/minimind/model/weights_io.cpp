@@ -234,10 +234,13 @@ UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string&
   // Each chosen expert's weight when the router's scores all tie (its weights zero).
   const bool renormalised = c.norm_topk_prob || c.router == RouterKind::random;
   const int64_t k_eff = c.router == RouterKind::hash ? 1 : k;
-  const double tie_weight = renormalised                             ? 1.0 / k_eff
-                            : c.router == RouterKind::hash           ? 1.0
-                            : c.scoring_func == ScoringFunc::sigmoid ? 0.5
-                                                                     : 1.0 / E;
+  const double tie_score = c.scoring_func == ScoringFunc::sigmoid        ? 0.5  // sigmoid(0)
+                           : c.scoring_func == ScoringFunc::sqrtsoftplus ? std::sqrt(std::log(2.0))
+                                                                         : 1.0 / E;
+  const double tie_weight = (renormalised                   ? 1.0 / k_eff
+                             : c.router == RouterKind::hash ? 1.0
+                                                            : tie_score) *
+                            (c.learned_router() ? c.routed_scaling_factor : 1.0);
   if (scaling) {
     // He et al. 2024: scale so that k chosen experts (k/G whole groups) at tied scores give
     // the dense output; the shared experts (n_s / G_s dense copies) and the routed mixture

@@ -29,6 +29,7 @@ struct MoEOptions {
   bool norm_topk_prob = true;
   RouterKind router = RouterKind::learned;
   ScoringFunc scoring = ScoringFunc::softmax;
+  double routed_scaling = 1.0;  // the routed weights' factor (DeepSeek's routed_scaling_factor)
   BalancingOptions balancing;
   ExpertShard shard;  // the routed experts this process holds (keep_expert_shard sets it)
 
@@ -40,6 +41,7 @@ struct MoEOptions {
     o.top_k = m.num_experts_per_tok, o.expert_ffn_size = m.expert_ffn_size();
     o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
     o.norm_topk_prob = m.norm_topk_prob, o.router = m.router, o.scoring = m.scoring_func;
+    o.routed_scaling = m.routed_scaling_factor;
     BalancingOptions& b = o.balancing;
     b.aux_scope = m.aux_loss_scope, b.aux_coef = m.router_aux_loss_coef;
     b.z_coef = m.router_z_loss_coef, b.bias_rate = m.router_bias_update_rate;
