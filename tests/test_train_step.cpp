@@ -222,7 +222,7 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
       "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4,\n"
       "        num_key_value_heads: 2, vocab_size: 256, max_position_embeddings: 64,\n"
       "        use_moe: true, num_experts: 4, num_experts_per_tok: 2,\n"
-      "        router_z_loss_coef: 0.001}\n"
+      "        router_z_loss_coef: 0.001, router_importance_loss_coef: 0.1}\n"
       "data: {max_seq_len: 16}\n",
       "shards");
   validate_and_resolve(cfg);
@@ -281,6 +281,11 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
       EXPECT_NEAR(sl.aux, wl.aux, 1e-12);
       ASSERT_TRUE(sl.z && wl.z && sl.seq_max_vio && wl.seq_max_vio);
       EXPECT_NEAR(*sl.z, *wl.z, 1e-12);
+      // The importance loss is a function of the whole micro-batch's gate sums: the
+      // shards' parts add up to it.
+      ASSERT_TRUE(sl.importance && wl.importance);
+      EXPECT_NEAR(*sl.importance, *wl.importance, 1e-12);
+      EXPECT_GT(*sl.importance, 0.0);
       EXPECT_EQ(*sl.seq_max_vio, *wl.seq_max_vio);
     }
   }

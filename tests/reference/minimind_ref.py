@@ -24,7 +24,7 @@ class MiniMindConfig:
         aux_loss_scope="batch", router_z_loss_coef=0.0, scoring_func="softmax",
         router_bias_update_rate=0.0, capacity_factor=0.0, capacity_drop_policy="probs",
         n_shared_experts=0, shared_expert_intermediate_size=None, router="learned",
-        routed_scaling_factor=1.0,
+        routed_scaling_factor=1.0, router_importance_loss_coef=0.0,
     )
 
     def __init__(self, **kw):
@@ -215,6 +215,14 @@ class MOEFeedForward(nn.Module):
             else:
                 load = F.one_hot(topk_idx, e).float().mean(0)
                 self.aux_loss = (load * probs.mean(0)).sum() * e * c.router_aux_loss_coef
+        if self.training and learned and c.router_importance_loss_coef > 0:
+            # Shazeer et al. 2017: CV² (population variance, tensor2tensor's CVSquared) of
+            # each expert's summed gate values, 0 where a token did not choose it.
+            imp = torch.stack([(topk_weight * (topk_idx == i)).sum() for i in range(e)])
+            n = e + 1e-10
+            mean = imp.sum() / n
+            cv2 = ((imp - mean) ** 2).sum() / n / (mean ** 2 + 1e-10)
+            self.aux_loss = self.aux_loss + c.router_importance_loss_coef * cv2
         if self.training and learned and c.router_z_loss_coef > 0:
             self.z_loss = c.router_z_loss_coef * torch.logsumexp(logits, dim=-1).pow(2).mean()
         self.topk_idx, self.keep = topk_idx, keep  # load counts are taken in MiniMindModel.forward

@@ -97,6 +97,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(model, router_aux_loss_coef),
       MM_FIELD(model, aux_loss_scope),
       MM_FIELD(model, router_z_loss_coef),
+      MM_FIELD(model, router_importance_loss_coef),
       MM_FIELD(model, scoring_func),
       MM_FIELD(model, routed_scaling_factor),
       MM_FIELD(model, router_bias_update_rate),
@@ -212,6 +213,7 @@ class Checker {
 // The balancing lab's keys: each value alone, then the combinations that cannot work.
 void validate_balancing(const Checker& c, ModelConfig& m) {
   c.non_negative_real("model.router_z_loss_coef", m.router_z_loss_coef);
+  c.non_negative_real("model.router_importance_loss_coef", m.router_importance_loss_coef);
   c.non_negative_real("model.router_bias_update_rate", m.router_bias_update_rate);
   c.non_negative_real("model.capacity_factor", m.capacity_factor);
   c.non_negative("model.n_shared_experts", m.n_shared_experts);
@@ -223,6 +225,7 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
   const std::vector<std::pair<const char*, bool>> moe_only = {
       {"model.aux_loss_scope", m.aux_loss_scope != AuxScope::batch},
       {"model.router_z_loss_coef", m.router_z_loss_coef != 0},
+      {"model.router_importance_loss_coef", m.router_importance_loss_coef != 0},
       {"model.scoring_func", m.scoring_func != ScoringFunc::softmax},
       {"model.routed_scaling_factor", m.routed_scaling_factor != 1.0},
       {"model.router_bias_update_rate", m.router_bias_update_rate != 0},
@@ -413,7 +416,8 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "num_experts_per_tok >= 2.");
   }
   if (m.use_moe && m.learned_router() && m.router_aux_loss_coef == 0 &&
-      m.router_bias_update_rate == 0 && m.capacity_factor == 0) {
+      m.router_bias_update_rate == 0 && m.capacity_factor == 0 &&
+      m.router_importance_loss_coef == 0) {
     warnings.push_back(
         "model.router_aux_loss_coef = 0: nothing balances the experts; watch the "
         "expert-load logs for collapse.");

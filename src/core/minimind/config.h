@@ -60,6 +60,7 @@ struct ModelConfig {
   // keeps MiniMind-3's routing float for float.
   AuxScope aux_loss_scope = AuxScope::batch;
   double router_z_loss_coef = 0.0;                  // ST-MoE router z-loss, per layer
+  double router_importance_loss_coef = 0.0;         // Shazeer et al. 2017: CV² of the gate sums
   ScoringFunc scoring_func = ScoringFunc::softmax;  // sigmoid: DeepSeek-V3; sqrtsoftplus: V4
   double routed_scaling_factor = 1.0;    // the routed experts' weights times this (V4: 1.5)
   double router_bias_update_rate = 0.0;  // aux-loss-free bias: u of the sign update

@@ -30,6 +30,7 @@ enum class Logged { as_is, derived };
 struct LayerStats {
   double aux = 0;                           // the layer's aux loss (coef included); 0 without one
   std::optional<double> z;                  // mean_t logsumexp(router logits)^2 (learned router)
+  std::optional<double> importance;         // CV² of the gate sums (importance loss / coef)
   std::optional<int64_t> dropped;           // assignments capacity dropped (real tokens)
   std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
   std::optional<std::vector<double>> bias;  // the selection bias after the step
@@ -53,6 +54,7 @@ struct LayerStats {
   static void fields(F&& f, S&... s) {
     f("aux", Combine::mean, Logged::derived, s.aux...);
     f("z", Combine::mean, Logged::as_is, s.z...);
+    f("importance", Combine::mean, Logged::as_is, s.importance...);
     f("dropped", Combine::sum, Logged::derived, s.dropped...);
     f("seq_max_vio", Combine::max, Logged::as_is, s.seq_max_vio...);
     f("bias", Combine::last, Logged::as_is, s.bias...);

@@ -271,6 +271,12 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
       st.stats.aux = out.aux_loss.item<double>();
     }
   }
+  if (train_router && b.importance_coef > 0) {  // trained with the aux loss, logged apart
+    const torch::Tensor imp =
+        importance_loss(b.importance_coef, r.weight, index, num_experts_, shard);
+    out.aux_loss = out.aux_loss + imp;
+    st.stats.importance = imp.item<double>() / b.importance_coef;
+  }
   if (r.logits.defined() && (stats || train_router)) {
     const bool z_trains = train_router && b.z_coef > 0;
     // Logged only: keep it out of the graph.

@@ -37,6 +37,40 @@ torch::Tensor aux_loss(const BalancingOptions& b, const torch::Tensor& index,
   return (load * mean_probs).sum() * E * b.aux_coef;
 }
 
+namespace {
+
+// tensor2tensor's CVSquared: population variance / (mean² + 1e-10), with 1e-10 on the count.
+torch::Tensor cv_squared(const torch::Tensor& x) {
+  const double n = static_cast<double>(x.numel()) + 1e-10;
+  const torch::Tensor mean = x.sum() / n;
+  return ((x - mean).pow(2).sum() / n) / (mean.pow(2) + 1e-10);
+}
+
+}  // namespace
+
+torch::Tensor importance_loss(double coef, const torch::Tensor& weight, const torch::Tensor& index,
+                              int64_t num_experts, const BatchShard* shard) {
+  torch::Tensor importance = torch::zeros({num_experts}, weight.options())  // [E]
+                                 .index_add(0, index.reshape({-1}), weight.reshape({-1}));
+  if (!shard) return cv_squared(importance) * coef;
+  // The whole micro-batch's loss f(I), I the shards' sum: each shard returns
+  // g . I_s + (f(I) - g . I) / shards with g = df/dI, so the shards' losses add up to f(I)
+  // and their gradients to f's.
+  torch::Tensor total = importance.detach().clone();
+  shard->sum(total);
+  torch::Tensor leaf = total.clone().requires_grad_(true);
+  torch::Tensor f;
+  torch::Tensor g;
+  {
+    const c10::AutoGradMode on(true);
+    f = cv_squared(leaf);
+    g = torch::autograd::grad({f}, {leaf})[0];
+  }
+  const auto shards = static_cast<double>(shard->group->size());
+  const torch::Tensor rest = (f.detach() - (g * total).sum()) / shards;
+  return ((g * importance).sum() + rest) * coef;
+}
+
 torch::Tensor capacity_keep(const BalancingOptions& b, const torch::Tensor& index,
                             const torch::Tensor& weight, int64_t num_experts) {
   const int64_t N = index.size(0), k = index.size(1), E = num_experts;

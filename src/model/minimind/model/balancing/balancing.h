@@ -23,6 +23,15 @@ torch::Tensor aux_loss(const BalancingOptions& b, const torch::Tensor& index,
                        const torch::Tensor& probs, int64_t rows, int64_t num_experts,
                        const BatchShard* shard);
 
+// Shazeer et al. (2017)'s importance loss, coef included: CV² (population variance over the
+// squared mean, as tensor2tensor's CVSquared) of each expert's summed gate values
+// importance_e = sum over tokens of the weight it mixes expert e with (0 where unchosen),
+// over the micro-batch. weight, index [N, k]. A shard: the micro-batch's importance is the
+// shards' sum, and each shard's loss is its share of value and gradient (they add up to the
+// whole micro-batch's).
+torch::Tensor importance_loss(double coef, const torch::Tensor& weight, const torch::Tensor& index,
+                              int64_t num_experts, const BatchShard* shard);
+
 // [N, k] bool: the (token, slot) assignments within each expert's capacity
 // C = ceil(capacity_factor * k * N / E), ranked by the drop policy.
 torch::Tensor capacity_keep(const BalancingOptions& b, const torch::Tensor& index,

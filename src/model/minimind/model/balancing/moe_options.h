@@ -16,6 +16,7 @@ struct BalancingOptions {
   AuxScope aux_scope = AuxScope::batch;
   double aux_coef = 5e-4;      // router_aux_loss_coef
   double z_coef = 0;           // router_z_loss_coef
+  double importance_coef = 0;  // router_importance_loss_coef
   double bias_rate = 0;        // router_bias_update_rate: aux-loss-free selection bias
   double capacity_factor = 0;  // 0: dropless; else C = ceil(cf * k * T / E)
   DropPolicy drop_policy = DropPolicy::probs;
@@ -45,6 +46,7 @@ struct MoEOptions {
     BalancingOptions& b = o.balancing;
     b.aux_scope = m.aux_loss_scope, b.aux_coef = m.router_aux_loss_coef;
     b.z_coef = m.router_z_loss_coef, b.bias_rate = m.router_bias_update_rate;
+    b.importance_coef = m.router_importance_loss_coef;
     b.capacity_factor = m.capacity_factor, b.drop_policy = m.capacity_drop_policy;
     return o;
   }
