@@ -166,8 +166,10 @@ void load_mapped(MiniMindForCausalLM& model, const std::map<std::string, torch::
   auto copy_in = [&](const std::string& name, torch::Tensor& value) {
     const SourceSlice from = source_of(name);
     if (from.name.empty()) return;
-    torch::Tensor v = sliced(from).to(torch::kFloat64);
-    if (from.scale != 1.0) v = v * from.scale;
+    // Scaled in float64 so the product rounds once; unscaled tensors are copied as they are
+    // (a whole model's weights need no float64 copy).
+    const torch::Tensor v =
+        from.scale != 1.0 ? sliced(from).to(torch::kFloat64) * from.scale : sliced(from);
     value.copy_(v.to(value.scalar_type()));
   };
   for (auto& item : model->named_parameters()) copy_in(item.key(), item.value());
