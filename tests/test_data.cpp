@@ -303,6 +303,11 @@ TEST(TokenFileFormat, CorruptedFilesAreClearErrors) {
   corrupt(make_token_file(dir + "/token.tok", docs), 64 + 2, std::string("\xff\x00", 2));
   EXPECT_NE(open_error(dir + "/token.tok").find(">= vocab size"), std::string::npos);
 
+  // A document start near 2^64 wraps "start + 2 <= next" around: found by fuzz_token_file.
+  corrupt(make_token_file(dir + "/wrap.tok", docs), 64 + 16 + 8,
+          std::string("\xfe\xff\xff\xff\xff\xff\xff\xff", 8));
+  EXPECT_NE(open_error(dir + "/wrap.tok").find("corrupted document table"), std::string::npos);
+
   write_text(dir + "/short.tok", "MMTOK");
   EXPECT_NE(open_error(dir + "/short.tok").find("truncated"), std::string::npos);
   // Every message tells the user what to do.

@@ -142,9 +142,11 @@ TokenFile TokenFile::open(const std::string& path) {
     throw DataError("token file '" + path + "' is corrupted (pad id " + std::to_string(h.pad_id) +
                     ", vocabulary " + std::to_string(h.vocab_size) + ")" + hint);
   // Document table must be monotonic and cover all tokens; every document holds at least
-  // its [bos] and [eos].
+  // its [bos] and [eos]. (Compared by difference: a start near 2^64 must not wrap past the
+  // check and send a reader outside the map.)
   bool ok = f.doc_starts_[0] == 0 && f.doc_starts_[h.num_docs] == h.num_tokens;
-  for (uint64_t d = 0; ok && d < h.num_docs; ++d) ok = f.doc_starts_[d] + 2 <= f.doc_starts_[d + 1];
+  for (uint64_t d = 0; ok && d < h.num_docs; ++d)
+    ok = f.doc_starts_[d] <= f.doc_starts_[d + 1] && f.doc_starts_[d + 1] - f.doc_starts_[d] >= 2;
   if (!ok) throw DataError("token file '" + path + "' has a corrupted document table" + hint);
   for (uint64_t i = 0; i < h.num_tokens; ++i) {
     if (f.token(i) >= h.vocab_size)
