@@ -5,8 +5,8 @@
 #  2. MoE (aux loss off, so the loss is linear in the batch): losses and weights likewise,
 #     expert counts equal;
 #  2b. the same for the balancing methods that need every rank's counts (global aux scope,
-#     aux-loss-free bias, with sigmoid scoring and z-loss): weights (bias included), losses
-#     and counts;
+#     aux-loss-free bias, with sigmoid scoring and z-loss; quantile balancing with either
+#     estimator): weights (bias included), losses and counts;
 #  3. MoE with MiniMind's aux loss: each rank's aux term is computed on its own rows (as
 #     MiniMind under DDP does), which is not the aux term of the 8 rows together; so step 1
 #     (same weights) has equal LM loss and expert counts, and the loss curves stay within
@@ -57,6 +57,10 @@ config moeaux true 5.0e-4  # MiniMind's default coefficient
 # sigmoid scoring and z-loss; each is linear in the rows, so 2 x 4 must equal 1 x 8.
 config moelab true 1.0e-2 ", aux_loss_scope: global, scoring_func: sigmoid,
         router_bias_update_rate: 1.0e-2, router_z_loss_coef: 1.0e-3"
+# Quantile balancing: the bias is solved from the step's statistics of both ranks (the
+# exact r of every token, or the summed histograms), so two ranks give one rank's bias.
+config moeqb true 0.0 ", scoring_func: sigmoid, router_bias_rule: quantile, qb_estimator: exact"
+config moeqbhist true 0.0 ", scoring_func: sigmoid, router_bias_rule: quantile"
 
 # Compares two run directories: final weights, per-step train losses, eval losses and
 # (MoE) per-step expert counts.
@@ -67,7 +71,7 @@ two() { bash "$LAUNCH" 2 "$BIN" --config "$WORK/$1.yaml" --out "$WORK/$2" --set 
 
 "$BIN" --config "$WORK/dense.yaml" --prepare-only > /dev/null 2>&1  # one cache for all runs
 
-for name in dense moe moelab; do
+for name in dense moe moelab moeqb moeqbhist; do
   one "$name" "$name-1x8"
   two "$name" "$name-2x4" || { cat "$WORK/$name-2x4.log"; exit 1; }
   grep -q "2 ranks: all-reduce" "$WORK/$name-2x4.log" || { echo "FAIL: no all-reduce line" >&2; exit 1; }

@@ -118,6 +118,16 @@ print(f'upcycled top-$k step 0: {float(sys.argv[2]):.7f}, dense {float(sys.argv[
 sys.exit(d > 1e-5)" "$dense_last" "$up_first" || fail "upcycling top-$k changed the function"
 done
 grep -q "upcycled: every expert a copy" up1.log || fail "the log does not say it upcycled"
+# Into a model with a selection bias (quantile balancing): the bias, like the router, is not
+# in the dense source and starts at 0; the function is still the dense one.
+"$TRAIN" --config tiny.yaml --out upqb --set train.init_from=dense --set train.init_mode=upcycle \
+  --set model.norm_topk_prob=true --set model.num_experts_per_tok=2 --set model.scoring_func=sigmoid \
+  --set model.router_aux_loss_coef=0 --set model.router_bias_rule=quantile --set train.max_steps=2 \
+  > upqb.log 2>&1 || { cat upqb.log >&2; fail "upcycled run with quantile balancing"; }
+python3 -c "import sys; d = abs(float(sys.argv[1]) - float(sys.argv[2])); \
+print(f'upcycled top-2 with a selection bias step 0: |diff| {d:.1e}'); \
+sys.exit(d > 1e-5)" "$dense_last" "$(val_losses upqb | sed -n 1p | cut -d' ' -f2)" ||
+  fail "upcycling with a selection bias changed the function"
 grep -q "step 0 computes the dense model's function" up1.log || fail "no 'function kept' line"
 # Fine-grained experts (He et al. 2024): 4 experts of 128 units cut from the dense 256 (G 2,
 # two virtual groups); top-2 picks a whole group, and with the scaling the slices add up to

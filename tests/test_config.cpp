@@ -242,6 +242,41 @@ TEST(ConfigBalancing, BadValuesAndCombinationsNameTheKeys) {
                {"model.capacity_factor", "model.router"});
   expect_error(moe + "  shared_expert_intermediate_size: 64\n",
                {"model.shared_expert_intermediate_size", "model.n_shared_experts"});
+  // Quantile balancing: what Megatron-LM forbids with it, and the histogram's range.
+  const std::string qb = moe + "  router_bias_rule: quantile\n  router_aux_loss_coef: 0\n";
+  expect_error(moe + "  router_bias_rule: quantile\n",
+               {"model.router_aux_loss_coef (default)", "model.router_bias_rule (test.yaml line 3)",
+                "Megatron-LM", "#5349"});
+  expect_error(qb + "  capacity_factor: 1.25\n", {"model.capacity_factor (test.yaml line 5)",
+                                                  "model.router_bias_rule", "capacity dropping"});
+  expect_error(qb + "  scoring_func: sqrtsoftplus\n",
+               {"model.qb_estimator (default)", "model.scoring_func (test.yaml line 5)",
+                "unbounded", "qb_estimator: exact"});
+  expect_error(qb + "  router_bias_update_rate: 0.001\n",
+               {"model.router_bias_update_rate (test.yaml line 5)", "model.router_bias_rule"});
+  expect_error(qb + "  num_experts: 2\n  num_experts_per_tok: 2\n",
+               {"model.num_experts_per_tok (test.yaml line 6)", "(k+1)-th"});
+  expect_error(qb + "  qb_num_bins: 1\n", {"model.qb_num_bins", ">= 2"});
+  expect_error(qb + "  qb_ema: 1.0\n", {"model.qb_ema", "[0, 1)"});
+  expect_error(moe + "  qb_estimator: exact\n",
+               {"model.qb_estimator (test.yaml line 3)", "model.router_bias_rule (default)",
+                "router_bias_rule: quantile"});
+  expect_error(moe + "  router_bias_rule: median\n",
+               {"model.router_bias_rule", "line 3", "\"sign\", \"quantile\""});
+  EXPECT_EQ(error_of(qb + "  scoring_func: sqrtsoftplus\n  qb_estimator: exact\n  qb_ema: 0.5\n"),
+            "");
+  // Hash-routed layers: fewer than the MoE layers, on the learned router.
+  expect_error(moe + "  num_hidden_layers: 2\n  hash_layers: 2\n",
+               {"model.hash_layers (test.yaml line 4)",
+                "model.num_hidden_layers (test.yaml line 3)", "leave none that learns"});
+  expect_error(moe + "  hash_layers: -1\n", {"model.hash_layers", ">= 0"});
+  expect_error(moe + "  hash_table: random\n",
+               {"model.hash_table (test.yaml line 3)", "model.hash_layers (default)"});
+  expect_error("model:\n  hash_layers: 1\n", {"model.hash_layers", "model.use_moe"});
+  expect_error(moe + "  router: hash\n  router_aux_loss_coef: 0\n  hash_layers: 1\n",
+               {"model.hash_layers (test.yaml line 5)", "model.router (test.yaml line 3)"});
+  EXPECT_EQ(error_of(moe + "  hash_layers: 1\n  hash_table: random\n  num_experts_per_tok: 2\n"),
+            "");
   // Sound combinations pass; the control routers work with shared experts and pad mode.
   EXPECT_EQ(error_of(moe + "  router: hash\n  router_aux_loss_coef: 0\n  n_shared_experts: 1\n"
                            "data:\n  mode: pad\n"),
@@ -265,6 +300,17 @@ TEST(ConfigBalancing, QuestionablePairsWarnAndSayWhy) {
   EXPECT_TRUE(has(warnings({"model.router_aux_loss_coef=0", "model.aux_loss_scope=global"}),
                   "no aux loss to scope"));
   EXPECT_TRUE(has(warnings({"model.capacity_drop_policy=position"}), "no effect"));
+  // Quantile balancing over softmax scores is this lab's extension; top-1 renormalised with
+  // no router loss leaves the router's weights where they started (MiniMind #858).
+  const std::vector<std::string> qb = {"model.router_bias_rule=quantile",
+                                       "model.router_aux_loss_coef=0"};
+  EXPECT_TRUE(has(warnings(qb), "lab's extension"));
+  std::vector<std::string> qb_sigmoid = qb;
+  qb_sigmoid.push_back("model.scoring_func=sigmoid");
+  EXPECT_FALSE(has(warnings(qb_sigmoid), "extension"));
+  EXPECT_FALSE(has(warnings(qb_sigmoid), "no gradient at all"));
+  qb_sigmoid.push_back("model.norm_topk_prob=true");
+  EXPECT_TRUE(has(warnings(qb_sigmoid), "no gradient at all"));
   EXPECT_TRUE(warnings({}).empty());
   for (const char* preset : {"moe-switch.yaml", "moe-deepseek.yaml", "minimind2-moe.yaml"})
     EXPECT_TRUE(load_config(shipped(preset), {}).warnings.empty()) << preset;
@@ -413,7 +459,7 @@ TEST(ConfigRoundTrip, PythonYamlReadsTheSameValues) {
       "all(not isinstance(v, str) or k in ('name', 'hidden_act', 'train', "
       "'val', 'tokenizer', 'mode', 'cache_dir', 'aux_loss_scope', 'scoring_func', "
       "'capacity_drop_policy', 'router', 'console', 'precision', 'matmul', 'init_from', "
-      "'init_mode') "
+      "'init_mode', 'router_bias_rule', 'qb_estimator', 'hash_table') "
       "for s in "
       "d.values() for "
       "k, v in s.items()) else 1)\" " +

@@ -159,6 +159,13 @@ class ExportTest : public testing::Test {
         {"model.num_experts=8", "model.num_experts_per_tok=2", "model.norm_topk_prob=true",
          "model.scoring_func=sigmoid", "model.router_bias_update_rate=0.01",
          "model.n_shared_experts=2", "model.moe_intermediate_size=112"});
+    // Quantile balancing: its solved bias chooses as the sign rule's does (hy_v3's
+    // exp_probs_b), so the GGUF must compute the same routing.
+    (*cases_)["qb"] = make_case(
+        *dir_, "qb", "moe.yaml",
+        {"model.num_experts=8", "model.num_experts_per_tok=2", "model.norm_topk_prob=true",
+         "model.scoring_func=sigmoid", "model.router_aux_loss_coef=0",
+         "model.router_bias_rule=quantile", "model.qb_estimator=exact"});
     // The default preset on MiniMind's own tokenizer.json (byte-level BPE): llama.cpp's
     // "gpt2" vocabulary and Hugging Face's tokenizers must give its ids.
     (*cases_)["mmtok"] = make_case(
@@ -184,11 +191,9 @@ std::map<std::string, Case>* ExportTest::cases_ = nullptr;
 // its next-token log-probabilities equal ours within 1e-4 on at least 256 positions, and
 // its 40-token greedy continuation is ours.
 TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
-  const std::map<std::string, std::string> arch = {{"moe", "hy_v3"},
-                                                   {"dense", "qwen3"},
-                                                   {"top2", "qwen3moe"},
-                                                   {"lab", "hy_v3"},
-                                                   {"mmtok", "hy_v3"}};
+  const std::map<std::string, std::string> arch = {{"moe", "hy_v3"},     {"dense", "qwen3"},
+                                                   {"top2", "qwen3moe"}, {"lab", "hy_v3"},
+                                                   {"qb", "hy_v3"},      {"mmtok", "hy_v3"}};
   for (const auto& [name, c] : *cases_) {
     SCOPED_TRACE(name);
     const std::string gguf = *dir_ + "/" + name + ".gguf";
@@ -343,6 +348,20 @@ TEST_F(ExportTest, RefusesWhatTheTargetCannotCompute) {
     EXPECT_NE(
         test::error_of<ConfigError>([&] { (*arch)(v4); }).find("model.scoring_func = sqrtsoftplus"),
         std::string::npos);
+  // Hash-routed layers choose by a token-id table: neither runtime has one.
+  ModelConfig hashed;
+  hashed.use_moe = true, hashed.hash_layers = 1;
+  for (auto* arch : {&gguf_architecture, &hf_architecture})
+    EXPECT_NE(test::error_of<ConfigError>([&] { (*arch)(hashed); }).find("model.hash_layers"),
+              std::string::npos);
+  // Quantile balancing's bias: carried by the GGUF (above), not by Qwen3-MoE.
+  ModelConfig qb;
+  qb.use_moe = true, qb.router_bias_rule = BiasRule::quantile;
+  EXPECT_EQ(gguf_architecture(qb), "hy_v3");
+  EXPECT_NE(test::error_of<ConfigError>([&] {
+              hf_architecture(qb);
+            }).find("model.router_bias_rule = quantile"),
+            std::string::npos);
   ModelConfig scaled;
   scaled.use_moe = true, scaled.routed_scaling_factor = 1.5;
   for (auto* arch : {&gguf_architecture, &hf_architecture})

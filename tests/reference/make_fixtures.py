@@ -99,6 +99,13 @@ LAB.update({
     "lab_capacity_position_top2": dict(TOP2, capacity_factor=1.25, capacity_drop_policy="position"),
     "lab_bias_softmax_top2": dict(TOP2, router_bias_update_rate=0.01),
     "lab_shared_width_top2": dict(TOP2, n_shared_experts=2, shared_expert_intermediate_size=80),
+    # quantile balancing over DeepSeek-V4's scores (exact, as unbounded scores need) with
+    # Megatron #5349's EMA, and over softmax scores; a random hash table
+    "lab_quantile_v4_ema_top2": dict(TOP2, router_aux_loss_coef=0, scoring_func="sqrtsoftplus",
+                                     router_bias_rule="quantile",
+                                     qb_estimator="exact", qb_ema=0.5),
+    "lab_quantile_softmax_top2": dict(TOP2, router_aux_loss_coef=0, router_bias_rule="quantile"),
+    "lab_hash_random_top2": dict(TOP2, hash_layers=1, hash_table="random"),
     # configs/moe-switch.yaml, moe-deepseek.yaml and minimind2-moe.yaml at fixture size
     "lab_switch": dict(TOP1, capacity_factor=1.25, router_z_loss_coef=1e-3, router_aux_loss_coef=1e-2),
     "lab_deepseek": dict(MOE, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
@@ -207,6 +214,8 @@ def run_case(name, keys, mode, special, out_dir):
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
                                 weight_decay=0.01)
         moe = [l.mlp for l in model.model.layers if hasattr(l.mlp, "update_bias")]
+        for m in moe:  # quantile balancing: the forwards above are not a step's
+            m.qb_rows = []
         losses = []
         torch.manual_seed(SEED_FORWARD)
         for _ in range(STEPS):
@@ -226,7 +235,7 @@ def run_case(name, keys, mode, special, out_dir):
         fixture["step_losses"] = torch.tensor(losses, dtype=torch.float64)
         fixture["weights_after"] = {n: p.detach().clone() for n, p in model.named_parameters()}
         biases = [m.gate.e_score_correction_bias.clone() for m in moe
-                  if m.c.router_bias_update_rate > 0]
+                  if hasattr(m, "gate") and hasattr(m.gate, "e_score_correction_bias")]
         if biases:
             fixture["bias_after"] = torch.stack(biases)
     torch.save(fixture, os.path.join(out_dir, f"{name}.pt"))

@@ -25,6 +25,8 @@ class MiniMindConfig:
         router_bias_update_rate=0.0, capacity_factor=0.0, capacity_drop_policy="probs",
         n_shared_experts=0, shared_expert_intermediate_size=None, router="learned",
         routed_scaling_factor=1.0, router_importance_loss_coef=0.0,
+        router_bias_rule="sign", qb_estimator="histogram", qb_num_bins=1000, qb_ema=0.0,
+        hash_layers=0, hash_table="round_robin",
     )
 
     def __init__(self, **kw):
@@ -127,13 +129,25 @@ class MOEFeedForward(nn.Module):
     with each balancing method of the lab written out the plain way: capacity by a loop
     over each expert's assignments, sequence aux by per-row bincounts."""
 
-    def __init__(self, c):
+    def __init__(self, c, layer=0):
         super().__init__()
         self.c = c
+        # A hash-routed layer (DeepSeek-V4): a fixed table chooses, the gate only weighs.
+        self.hash = c.router == "learned" and layer < c.hash_layers
+        self.quantile = c.router_bias_rule == "quantile"
         if c.router == "learned":
             self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
-            if c.router_bias_update_rate > 0:  # HF DeepSeek-V3's name
+            if self.hash:
+                v, e, k = c.vocab_size, c.num_experts, c.num_experts_per_tok
+                if c.hash_table == "random":  # torchtitan: the k largest of a uniform draw
+                    table = torch.topk(torch.rand(v, e), k, dim=-1).indices
+                else:  # Megatron: token t to experts t, t+1, ..., t+k-1 (mod E)
+                    table = torch.tensor([[(t + j) % e for j in range(k)] for t in range(v)])
+                self.gate.register_buffer("tid2eid", table)
+            elif c.router_bias_update_rate > 0 or self.quantile:  # HF DeepSeek-V3's name
                 self.gate.register_buffer("e_score_correction_bias", torch.zeros(c.num_experts))
+        self.required = None  # quantile balancing: this forward's cutoff - score [N, E]
+        self.qb_rows = []     # ... of the real tokens of the step's forwards
         self.experts = nn.ModuleList([FeedForward(c, c.moe_intermediate_size) for _ in range(c.num_experts)])
         if c.n_shared_experts > 0:  # MiniMind2-MoE's name
             self.shared_experts = nn.ModuleList(
@@ -155,7 +169,17 @@ class MOEFeedForward(nn.Module):
             probs = scores / scores.sum(dim=-1, keepdim=True)
         else:
             scores = probs = F.softmax(logits, dim=-1)
-        if c.router_bias_update_rate > 0:
+        self.required = None
+        if self.hash:
+            idx = self.gate.tid2eid[token_ids]
+            weight = scores.gather(1, idx)
+        elif self.quantile and self.training:
+            # The (k+1)-th largest of score + bias is the token's cutoff; the first k choose.
+            top = torch.topk(scores.detach() + self.gate.e_score_correction_bias, k + 1, dim=-1)
+            idx = top.indices[:, :k]
+            self.required = top.values[:, k:] - scores.detach()
+            weight = scores.gather(1, idx)
+        elif c.router_bias_update_rate > 0 or self.quantile:
             bias = self.gate.e_score_correction_bias
             idx = torch.topk(scores.detach() + bias, k, dim=-1, sorted=False).indices
             weight = scores.gather(1, idx)
@@ -164,6 +188,11 @@ class MOEFeedForward(nn.Module):
         if c.norm_topk_prob:
             weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
         return weight * c.routed_scaling_factor, idx, probs, logits
+
+    def quantile_bias(self, rows):
+        c = self.c
+        return quantile_bias_of(rows, self.gate.e_score_correction_bias, c.num_experts_per_tok,
+                                c.qb_estimator, c.qb_num_bins, c.qb_ema)
 
     def capacity(self, weight, idx):
         """keep[n, j]: False for the (token, slot) assignments over an expert's capacity."""
@@ -201,7 +230,8 @@ class MOEFeedForward(nn.Module):
         learned = probs is not None
         self.aux_loss = self.z_loss = x.new_zeros(())
         self.global_parts = None
-        if self.training and learned and c.router_aux_loss_coef > 0:
+        balance = self.training and learned and not self.hash  # no loss can move a table
+        if balance and c.router_aux_loss_coef > 0:
             if c.aux_loss_scope == "sequence":
                 k = c.num_experts_per_tok
                 rows = topk_idx.view(b, t * k)
@@ -215,7 +245,7 @@ class MOEFeedForward(nn.Module):
             else:
                 load = F.one_hot(topk_idx, e).float().mean(0)
                 self.aux_loss = (load * probs.mean(0)).sum() * e * c.router_aux_loss_coef
-        if self.training and learned and c.router_importance_loss_coef > 0:
+        if balance and c.router_importance_loss_coef > 0:
             # Shazeer et al. 2017: CV² (population variance, tensor2tensor's CVSquared) of
             # each expert's summed gate values, 0 where a token did not choose it.
             imp = torch.stack([(topk_weight * (topk_idx == i)).sum() for i in range(e)])
@@ -230,11 +260,50 @@ class MOEFeedForward(nn.Module):
         return y.view(b, t, h)
 
     def update_bias(self, step_counts):
-        """Aux-loss-free balancing (DeepSeek-V3): b_e += u * sign(mean(c) - c_e)."""
-        if self.c.router_bias_update_rate > 0:
+        """Aux-loss-free balancing (DeepSeek-V3): b_e += u * sign(mean(c) - c_e); or quantile
+        balancing from the step's rows (qb_rows)."""
+        if self.quantile and not self.hash:
+            rows, self.qb_rows = torch.cat(self.qb_rows), []
+            with torch.no_grad():
+                self.gate.e_score_correction_bias.copy_(self.quantile_bias(rows))
+        elif self.c.router_bias_update_rate > 0:
             with torch.no_grad():
                 cnt = step_counts.float()
                 self.gate.e_score_correction_bias += torch.sign(cnt.mean() - cnt) * self.c.router_bias_update_rate
+
+
+def quantile_bias_of(rows, bias, k, estimator, bins, ema):
+    """Quantile balancing written out per expert: the bias that admits q = N*k/E of the step's
+    N rows r = cutoff - score; torchtitan's histogram (bins over [min b - 1, max b + 1], linear
+    inside the bin where the count reaches q) or the ceil(q)-th smallest r; then the EMA of
+    Megatron #5349 and mean-centring."""
+    n, e = rows.shape
+    q = n * k / e
+    rank = max(-(-n * k // e), 1)  # ceil(q)
+    new = []
+    if estimator == "exact":
+        for j in range(e):
+            new.append(sorted(rows[:, j].tolist())[rank - 1])
+        new = torch.tensor(new, dtype=torch.float64)
+        new = new - new.mean()
+    else:
+        lower, width = bias.min() - 1, (bias.max() - bias.min() + 2) / bins  # float32
+        b = torch.floor((rows - lower) / width).clamp(0, bins - 1).long()
+        for j in range(e):
+            counts = [0] * bins
+            for v in b[:, j].tolist():
+                counts[v] += 1
+            seen = 0
+            for i, c in enumerate(counts):
+                if seen + c >= rank:  # the crossing bin
+                    new.append(i + (q - seen) / c)
+                    break
+                seen += c
+        new = torch.tensor(new, dtype=torch.float64)
+        new = (new - new.mean()) * width.item()
+    if ema > 0:
+        new = ema * bias.double() + (1 - ema) * new
+    return (new - new.mean()).float()
 
 
 def router_metrics(p, idx):
@@ -250,12 +319,12 @@ def router_metrics(p, idx):
 
 
 class MiniMindBlock(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, layer=0):
         super().__init__()
         self.self_attn = Attention(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MOEFeedForward(c) if c.use_moe else FeedForward(c)
+        self.mlp = MOEFeedForward(c, layer) if c.use_moe else FeedForward(c)
 
     def forward(self, x, cos, sin, token_ids):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -268,7 +337,7 @@ class MiniMindModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList([MiniMindBlock(c) for _ in range(c.num_hidden_layers)])
+        self.layers = nn.ModuleList([MiniMindBlock(c, i) for i in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         cos, sin = precompute_rope(c.head_dim, c.max_position_embeddings, c.rope_theta)
         self.register_buffer("freqs_cos", cos, persistent=False)
@@ -296,6 +365,9 @@ class MiniMindModel(nn.Module):
         z = sum([m.z_loss for m in moe], h.new_zeros(1).squeeze())
         # Expert load over the real tokens: padding (id 0) is routed but not counted.
         real = (input_ids != 0).flatten()
+        for m in moe:
+            if m.required is not None:
+                m.qb_rows.append(m.required[real])
         counts = [torch.bincount(m.topk_idx[real].flatten(), minlength=len(m.experts)) for m in moe]
         self.keeps = [m.keep for m in moe if m.keep is not None]
         self.router = [router_metrics(m.probs[real], m.topk_idx[real]) for m in moe

@@ -13,6 +13,15 @@ enum class AuxScope { batch, sequence, global };
 // model.scoring_func: the router's scores (softmax over experts, DeepSeek-V3's sigmoid, or
 // DeepSeek-V4's sqrt(softplus(logit))).
 enum class ScoringFunc { softmax, sigmoid, sqrtsoftplus };
+// model.router_bias_rule: how the selection bias follows the load (DeepSeek-V3's sign step,
+// or quantile balancing: the bias solved from quantiles of the step's scores).
+enum class BiasRule { sign, quantile };
+// model.qb_estimator: quantile balancing's estimate of each expert's quantile (torchtitan's
+// histogram, or the exact order statistic).
+enum class QbEstimator { histogram, exact };
+// model.hash_table: the token -> experts table of the hash-routed first layers (Megatron's
+// round robin (t + j) mod E, or torchtitan's random k-subset per token).
+enum class HashTable { round_robin, random };
 // model.capacity_drop_policy: which assignments over an expert's capacity are dropped.
 enum class DropPolicy { probs, position };
 // model.router: the learned router, or a control that routes without a score.
@@ -38,6 +47,18 @@ struct ChoiceNames<ScoringFunc> {
 template <>
 struct ChoiceNames<DropPolicy> {
   static constexpr std::array<const char*, 2> names{"probs", "position"};
+};
+template <>
+struct ChoiceNames<BiasRule> {
+  static constexpr std::array<const char*, 2> names{"sign", "quantile"};
+};
+template <>
+struct ChoiceNames<QbEstimator> {
+  static constexpr std::array<const char*, 2> names{"histogram", "exact"};
+};
+template <>
+struct ChoiceNames<HashTable> {
+  static constexpr std::array<const char*, 2> names{"round_robin", "random"};
 };
 template <>
 struct ChoiceNames<RouterKind> {

@@ -101,6 +101,12 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(model, scoring_func),
       MM_FIELD(model, routed_scaling_factor),
       MM_FIELD(model, router_bias_update_rate),
+      MM_FIELD(model, router_bias_rule),
+      MM_FIELD(model, qb_estimator),
+      MM_FIELD(model, qb_num_bins),
+      MM_FIELD(model, qb_ema),
+      MM_FIELD(model, hash_layers),
+      MM_FIELD(model, hash_table),
       MM_FIELD(model, capacity_factor),
       MM_FIELD(model, capacity_drop_policy),
       MM_FIELD(model, n_shared_experts),
@@ -210,6 +216,48 @@ class Checker {
   const Config& cfg_;
 };
 
+// Quantile balancing's keys, and what it cannot be combined with (the constraints Megatron-LM
+// states for it, and the histogram's range).
+void validate_quantile_balancing(const Checker& c, const ModelConfig& m) {
+  if (m.qb_num_bins < 2)
+    c.fail("model.qb_num_bins", "must be >= 2, got " + std::to_string(m.qb_num_bins));
+  c.in_range("model.qb_ema", m.qb_ema, 0.0, 1.0, true);
+  const ModelConfig defaults;
+  if (m.router_bias_rule != BiasRule::quantile) {
+    const std::vector<std::pair<const char*, bool>> qb_only = {
+        {"model.qb_estimator", m.qb_estimator != defaults.qb_estimator},
+        {"model.qb_num_bins", m.qb_num_bins != defaults.qb_num_bins},
+        {"model.qb_ema", m.qb_ema != defaults.qb_ema}};
+    for (const auto& [key, on] : qb_only)
+      if (on)
+        c.conflict(key, "model.router_bias_rule",
+                   "it tunes quantile balancing; set router_bias_rule: quantile");
+    return;
+  }
+  if (m.router_bias_update_rate != 0)
+    c.conflict("model.router_bias_update_rate", "model.router_bias_rule",
+               "the rate is the sign rule's step; quantile balancing replaces the bias with "
+               "the solved quantile each step (set router_bias_update_rate: 0)");
+  if (m.router_aux_loss_coef != 0)
+    c.conflict("model.router_aux_loss_coef", "model.router_bias_rule",
+               "Megatron-LM's quantile balancing asserts an aux-loss coefficient of 0 (PR "
+               "#5349), and torchtitan's trains without one: the solved bias alone balances "
+               "the load (set router_aux_loss_coef: 0)");
+  if (m.num_experts_per_tok >= m.num_experts)
+    c.conflict("model.num_experts_per_tok", "model.router_bias_rule",
+               "quantile balancing reads each token's (k+1)-th best expert as its cutoff, so "
+               "it needs num_experts_per_tok < num_experts");
+  if (m.capacity_factor != 0)
+    c.conflict("model.capacity_factor", "model.router_bias_rule",
+               "Megatron-LM forbids quantile balancing with capacity dropping: the quantile "
+               "assumes every chosen assignment is computed (set capacity_factor: 0)");
+  if (m.scoring_func == ScoringFunc::sqrtsoftplus && m.qb_estimator == QbEstimator::histogram)
+    c.conflict("model.qb_estimator", "model.scoring_func",
+               "the histogram spans [min bias - 1, max bias + 1], which holds every needed "
+               "bias only for scores in [0, 1]; sqrtsoftplus scores are unbounded (set "
+               "qb_estimator: exact)");
+}
+
 // The balancing lab's keys: each value alone, then the combinations that cannot work.
 void validate_balancing(const Checker& c, ModelConfig& m) {
   c.non_negative_real("model.router_z_loss_coef", m.router_z_loss_coef);
@@ -229,6 +277,8 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
       {"model.scoring_func", m.scoring_func != ScoringFunc::softmax},
       {"model.routed_scaling_factor", m.routed_scaling_factor != 1.0},
       {"model.router_bias_update_rate", m.router_bias_update_rate != 0},
+      {"model.router_bias_rule", m.router_bias_rule != BiasRule::sign},
+      {"model.hash_layers", m.hash_layers != 0},
       {"model.capacity_factor", m.capacity_factor != 0},
       {"model.n_shared_experts", m.n_shared_experts != 0},
       {"model.router", m.router != RouterKind::learned},
@@ -254,6 +304,16 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
     c.conflict("model.num_experts_per_tok", "model.router",
                "the hash router sends each token to exactly one expert (token id mod "
                "num_experts); set num_experts_per_tok: 1");
+  validate_quantile_balancing(c, m);
+  c.non_negative("model.hash_layers", m.hash_layers);
+  if (m.hash_layers == 0 && m.hash_table != HashTable::round_robin)
+    c.conflict("model.hash_table", "model.hash_layers",
+               "a table for hash-routed layers, but there are none (set hash_layers >= 1)");
+  if (m.use_moe && m.hash_layers >= m.num_hidden_layers)
+    c.conflict("model.hash_layers", "model.num_hidden_layers",
+               std::to_string(m.hash_layers) + " hash-routed layers of " +
+                   std::to_string(m.num_hidden_layers) +
+                   " MoE layers leave none that learns its routing; it must be less");
   if (m.n_shared_experts == 0 && m.shared_expert_intermediate_size &&
       c.set("model.shared_expert_intermediate_size"))
     c.conflict("model.shared_expert_intermediate_size", "model.n_shared_experts",
@@ -415,9 +475,21 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
         "is then the router's softmax probability, as in Switch Transformer) or use "
         "num_experts_per_tok >= 2.");
   }
-  if (m.use_moe && m.learned_router() && m.router_aux_loss_coef == 0 &&
-      m.router_bias_update_rate == 0 && m.capacity_factor == 0 &&
-      m.router_importance_loss_coef == 0) {
+  if (m.use_moe && m.learned_router() && m.num_experts_per_tok == 1 && m.norm_topk_prob &&
+      m.router_aux_loss_coef == 0 && m.router_importance_loss_coef == 0 &&
+      m.router_z_loss_coef == 0)
+    warnings.push_back(
+        "model.num_experts_per_tok = 1 with model.norm_topk_prob = true and no router loss "
+        "(aux, importance or z): the router's weights get no gradient at all and stay at "
+        "their initial values; only the selection bias (if any) moves the routing.");
+  if (m.use_moe && m.router_bias_rule == BiasRule::quantile &&
+      m.scoring_func == ScoringFunc::softmax)
+    warnings.push_back(
+        "model.router_bias_rule = quantile with model.scoring_func = softmax: torchtitan and "
+        "Megatron-LM's global-batch quantile balancing take sigmoid scores only; over softmax "
+        "scores it is this lab's extension (the histogram's range still holds).");
+  if (m.use_moe && m.learned_router() && m.router_aux_loss_coef == 0 && !m.selection_bias() &&
+      m.capacity_factor == 0 && m.router_importance_loss_coef == 0) {
     warnings.push_back(
         "model.router_aux_loss_coef = 0: nothing balances the experts; watch the "
         "expert-load logs for collapse.");

@@ -64,7 +64,17 @@ struct ModelConfig {
   ScoringFunc scoring_func = ScoringFunc::softmax;  // sigmoid: DeepSeek-V3; sqrtsoftplus: V4
   double routed_scaling_factor = 1.0;    // the routed experts' weights times this (V4: 1.5)
   double router_bias_update_rate = 0.0;  // aux-loss-free bias: u of the sign update
-  double capacity_factor = 0.0;          // 0: dropless; else C = ceil(cf * k * T / E)
+  // quantile: the bias is replaced once per step by the quantile that gives each expert
+  // its balanced share of the step's tokens (quantile balancing, torchtitan / Megatron-LM).
+  BiasRule router_bias_rule = BiasRule::sign;
+  QbEstimator qb_estimator = QbEstimator::histogram;
+  int64_t qb_num_bins = 1000;  // the histogram's bins over [min b - 1, max b + 1]
+  double qb_ema = 0.0;         // Megatron #5349: b = ema * b_old + (1 - ema) * b_solved
+  // The first hash_layers MoE layers choose experts by a fixed token-id table (DeepSeek-V4's
+  // hash layers); their learned gate gives only the mixing weights.
+  int64_t hash_layers = 0;
+  HashTable hash_table = HashTable::round_robin;
+  double capacity_factor = 0.0;  // 0: dropless; else C = ceil(cf * k * T / E)
   DropPolicy capacity_drop_policy = DropPolicy::probs;
   int64_t n_shared_experts = 0;                            // always-on experts (DeepSeekMoE)
   std::optional<int64_t> shared_expert_intermediate_size;  // unset: = moe_intermediate_size
@@ -76,6 +86,10 @@ struct ModelConfig {
   int64_t expert_ffn_size() const;
   int64_t shared_ffn_size() const;
   bool learned_router() const { return router == RouterKind::learned; }
+  // A selection bias e_score_correction_bias (sign step or quantile balancing).
+  bool selection_bias() const {
+    return router_bias_update_rate > 0 || router_bias_rule == BiasRule::quantile;
+  }
 };
 
 // MiniMind's derived FFN width: ceil(hidden * pi / 64) * 64 (768 -> 2432).
@@ -169,9 +183,9 @@ struct Config {
 
 // ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
 // Choices (choices.h) are parsed and written by their names.
-using FieldRef =
-    std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*, AuxScope*,
-                 ScoringFunc*, DropPolicy*, RouterKind*, Precision*, MatmulBackend*>;
+using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
+                              AuxScope*, ScoringFunc*, BiasRule*, QbEstimator*, HashTable*,
+                              DropPolicy*, RouterKind*, Precision*, MatmulBackend*>;
 
 struct Field {
   const char* section;

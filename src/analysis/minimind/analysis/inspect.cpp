@@ -66,6 +66,19 @@ std::string inspect_text(const RunLogs& logs, size_t width) {
       out += fmt::format("      similarity {:<{}} {:.3f} -> {:.3f} (most alike pair {:.3f})\n",
                          sparkline(similarity, width), width, similarity.front(), similarity.back(),
                          *points.back().stats.expert_similarity_max);
+    // Routing margin and live routing change (learned choices; change at log steps).
+    std::vector<double> margin, change;
+    for (const auto& p : points) {
+      if (p.stats.margin) margin.push_back(*p.stats.margin);
+      if (p.stats.routing_change) change.push_back(*p.stats.routing_change);
+    }
+    if (!margin.empty())
+      out += fmt::format("      margin    {:<{}} {:.3f} -> {:.3f} ({:.0f} % under {})\n",
+                         sparkline(margin, width), width, margin.front(), margin.back(),
+                         100 * points.back().stats.margin_small.value_or(0), kSmallMargin);
+    if (!change.empty())
+      out += fmt::format("      re-routed {:<{}} {:.3f} -> {:.3f} (probe tokens per log step)\n",
+                         sparkline(change, width), width, change.front(), change.back());
     auto ev = logs.eval_load.find(layer);
     if (ev != logs.eval_load.end() && !ev->second.empty())
       out += fmt::format("      eval (step {}): MaxVio_global {:.2f}, entropy {:.2f}, dead {}\n",

@@ -106,21 +106,6 @@ std::string balancing_section(const RunLogs& logs, const std::vector<Series>& dr
   return "<h2>Balancing methods</h2><div class=\"grid\">" + charts + "</div>\n";
 }
 
-// Expert parallelism: the most token rows any rank of the expert group received in a step,
-// over the mean (1 = even); `sent` is LayerStats::exchange, rows from s to d at [s * N + d].
-std::optional<double> exchange_imbalance(const std::optional<std::vector<double>>& sent) {
-  if (!sent || sent->empty()) return std::nullopt;
-  const auto n = static_cast<size_t>(std::lround(std::sqrt(static_cast<double>(sent->size()))));
-  if (n * n != sent->size()) return std::nullopt;
-  std::vector<double> received(n, 0.0);
-  for (size_t s = 0; s < n; ++s)
-    for (size_t d = 0; d < n; ++d) received[d] += (*sent)[s * n + d];
-  double total = 0, most = 0;
-  for (double r : received) total += r, most = std::max(most, r);
-  if (total <= 0) return std::nullopt;
-  return most / (total / static_cast<double>(n));
-}
-
 // Is the router learning? Routing information and token entropy per layer, and the router
 // gradient by source (log10), with the steps of "uninformative" warnings marked.
 std::string router_section(const std::vector<Series>& mi, const std::vector<Series>& entropy,
@@ -220,7 +205,7 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
     }
     html += "</div>\n<h2>Balance over the run</h2><div class=\"grid\">";
     std::vector<Series> maxvio, entropy, spread, z, dropped, mi, token_entropy, grad_lm, grad_bal,
-        exchange, similarity;
+        exchange, similarity, margin, change;
     for (const auto& entry : logs.train_load) {
       // Not a structured binding: C++17 lambdas (add, below) cannot capture one (clang).
       const std::vector<LoadRecord>& points = entry.second;
@@ -244,8 +229,13 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       };
       add(grad_lm, [&](const LoadRecord& r) { return log10_of(r.stats.grad_lm); });
       add(grad_bal, [&](const LoadRecord& r) { return log10_of(r.stats.grad_balance); });
-      add(exchange, [](const LoadRecord& r) { return exchange_imbalance(r.stats.exchange); });
+      add(exchange, [](const LoadRecord& r) {
+        const double f = r.stats.exchange ? overload_factor(*r.stats.exchange) : 0;
+        return f > 0 ? std::optional<double>(f) : std::nullopt;
+      });
       add(similarity, [](const LoadRecord& r) { return r.stats.expert_similarity_mean; });
+      add(margin, [](const LoadRecord& r) { return r.stats.margin; });
+      add(change, [](const LoadRecord& r) { return r.stats.routing_change; });
     }
     html +=
         line_chart("MaxVio per layer (0 = balanced, E-1 = collapsed)", maxvio, all_events, axis) +
@@ -257,8 +247,15 @@ std::string render_report(const RunLogs& logs, const ReportStatus* running) {
       html += line_chart("Router z per layer (mean of logsumexp(logits)²)", z, {}, axis);
     if (!exchange.empty())  // expert parallelism: the all-to-all waits for the busiest rank
       html += line_chart(
-          "Experts over ranks: most token rows a rank received / the mean, per layer (1 = even)",
+          "Experts over ranks: overload factor, most token rows a rank received / the mean, per "
+          "layer (1 = even)",
           exchange, {}, axis);
+    if (!margin.empty())  // near-ties flip with any small change of the weights
+      html += line_chart("Routing margin per layer (chosen − best unchosen score)", margin,
+                         all_events, axis);
+    if (!change.empty())  // settling routers re-route fewer of the same tokens
+      html += line_chart("Probe tokens re-routed since the last log step, per layer", change,
+                         all_events, axis);
     if (!similarity.empty())  // upcycled experts start as copies (1) and separate
       html += line_chart("Expert similarity per layer (mean pair cosine; 1 = copies)", similarity,
                          all_events, axis);

@@ -178,7 +178,7 @@ std::string gguf_bytes(const EvalModel& em, ExportDtype dtype) {
       w.add_tensor(b + "ffn_" + proj + "_exps.weight", torch::stack(experts), wt);  // [E, ., .]
     }
     if (const auto bias = s.find(p + "mlp.gate.e_score_correction_bias");
-        bias != s.end() && m.router_bias_update_rate > 0)
+        bias != s.end() && m.selection_bias())
       w.add_tensor(b + "exp_probs_b", bias->second, GgufType::f32);  // [E]
     if (arch != "hy_v3") continue;
     // Shared experts as one of their summed width: gate and up stacked along their
@@ -332,6 +332,10 @@ void refuse_unlearned_or_dropping(const ModelConfig& m, const std::string& targe
   if (!m.learned_router())
     refuse("model.router = " + std::string(name_of(m.router)), target,
            "has no counterpart in " + runtime + ", whose MoE layers route by a learned gate");
+  if (m.hash_layers > 0)
+    refuse("model.hash_layers", target,
+           "(layers that choose experts by a token-id table) has no counterpart in " + runtime +
+               ", whose MoE layers choose by the gate's scores");
   if (m.capacity_factor > 0)
     refuse("model.capacity_factor = " + fmt::format("{}", m.capacity_factor), target,
            "drops tokens that overflow an expert; " + runtime +
@@ -350,8 +354,8 @@ std::string gguf_architecture(const ModelConfig& m) {
     refuse("model.routed_scaling_factor", "GGUF",
            "is not carried by this export (its scale on the routed weights is not checked "
            "against llama.cpp)");
-  const bool plain = m.scoring_func == ScoringFunc::softmax && m.router_bias_update_rate == 0 &&
-                     m.n_shared_experts == 0;
+  const bool plain =
+      m.scoring_func == ScoringFunc::softmax && !m.selection_bias() && m.n_shared_experts == 0;
   // qwen3moe always renormalises the chosen weights; hy_v3 reads whether to.
   return plain && m.norm_topk_prob ? "qwen3moe" : "hy_v3";
 }
@@ -366,9 +370,10 @@ std::string hf_architecture(const ModelConfig& m) {
   if (m.routed_scaling_factor != 1.0)
     refuse("model.routed_scaling_factor", "a Hugging Face Qwen3-MoE",
            "has no counterpart: Qwen3-MoE does not scale the routed weights");
-  if (m.router_bias_update_rate > 0)
-    refuse("model.router_bias_update_rate", "a Hugging Face Qwen3-MoE",
-           "(the selection bias) has no counterpart in Qwen3-MoE");
+  if (m.selection_bias())
+    refuse(m.router_bias_rule == BiasRule::quantile ? "model.router_bias_rule = quantile"
+                                                    : "model.router_bias_update_rate",
+           "a Hugging Face Qwen3-MoE", "(the selection bias) has no counterpart in Qwen3-MoE");
   if (m.n_shared_experts > 0)
     refuse("model.n_shared_experts", "a Hugging Face Qwen3-MoE",
            "has no counterpart: Qwen3-MoE has no shared experts");

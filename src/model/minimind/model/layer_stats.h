@@ -27,6 +27,9 @@ enum class Combine { mean, sum, max, last, per_step };
 // derived form (aux_unscaled = aux / coef, dropped as a fraction of the assignments).
 enum class Logged { as_is, derived };
 
+// A routing margin below this (in score units) counts as a near-tie (LayerStats::margin_small).
+constexpr double kSmallMargin = 0.01;
+
 struct LayerStats {
   double aux = 0;                           // the layer's aux loss (coef included); 0 without one
   std::optional<double> z;                  // mean_t logsumexp(router logits)^2 (learned router)
@@ -34,6 +37,13 @@ struct LayerStats {
   std::optional<int64_t> dropped;           // assignments capacity dropped (real tokens)
   std::optional<double> seq_max_vio;        // max over the step's sequences of their MaxVio
   std::optional<std::vector<double>> bias;  // the selection bias after the step
+  // The routing margin (learned choice, k < E): per token the lowest chosen minus the highest
+  // unchosen of score + bias, the values top-k ran on; the mean over real tokens and the
+  // share of them under kSmallMargin (a near-tie a small change flips).
+  std::optional<double> margin, margin_small;
+  // The share of a fixed probe batch's tokens whose top-k set changed since the previous
+  // log step (the trainer re-routes the probe at log steps; unset at the first).
+  std::optional<double> routing_change;
   // The router weight's gradient by source, ||dLM/dW_gate|| and ||d(aux+z)/dW_gate|| of the
   // step before clipping (at log steps, when the trainer asks).
   std::optional<double> grad_lm, grad_balance;
@@ -58,6 +68,9 @@ struct LayerStats {
     f("dropped", Combine::sum, Logged::derived, s.dropped...);
     f("seq_max_vio", Combine::max, Logged::as_is, s.seq_max_vio...);
     f("bias", Combine::last, Logged::as_is, s.bias...);
+    f("margin", Combine::mean, Logged::as_is, s.margin...);
+    f("margin_small", Combine::mean, Logged::as_is, s.margin_small...);
+    f("routing_change", Combine::last, Logged::as_is, s.routing_change...);
     f("grad_lm", Combine::last, Logged::as_is, s.grad_lm...);
     f("grad_balance", Combine::last, Logged::as_is, s.grad_balance...);
     f("exchange", Combine::per_step, Logged::as_is, s.exchange...);

@@ -7,13 +7,13 @@
 
 namespace minimind {
 
-MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg) {
+MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer) {
   self_attn = register_module("self_attn", Attention(cfg));
   input_layernorm = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
   if (cfg.use_moe) {
-    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg)));
+    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, layer)));
   } else {
     dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size()));
   }
@@ -38,7 +38,7 @@ MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropo
       register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    blocks.emplace_back(cfg);
+    blocks.emplace_back(cfg, i);
     layers->push_back(blocks.back());
   }
   norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
@@ -116,19 +116,25 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
 }
 
 void MiniMindForCausalLMImpl::update_router_bias(
-    const std::vector<std::vector<int64_t>>& step_counts) {
+    const std::vector<std::vector<int64_t>>& step_counts, const std::vector<torch::Tensor>& qb) {
   size_t l = 0;
   for (auto& block : model->blocks) {
     if (!block->moe_mlp) continue;
     TORCH_CHECK(l < step_counts.size(), "no counts for MoE layer ", l);
-    block->moe_mlp->update_bias(step_counts[l++]);
+    block->moe_mlp->update_bias(step_counts[l], l < qb.size() ? qb[l] : torch::Tensor());
+    ++l;
   }
 }
 
 std::vector<torch::Tensor> MiniMindForCausalLMImpl::router_biases() const {
   std::vector<torch::Tensor> out;
+  bool any = false;
   for (const auto& block : model->blocks)
-    if (block->moe_mlp && block->moe_mlp->bias().defined()) out.push_back(block->moe_mlp->bias());
+    if (block->moe_mlp) {
+      out.push_back(block->moe_mlp->bias());
+      any = any || out.back().defined();
+    }
+  if (!any) out.clear();
   return out;
 }
 

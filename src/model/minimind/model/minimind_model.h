@@ -25,7 +25,7 @@ struct BlockOutput {
 // h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
-  explicit MiniMindBlockImpl(const ModelConfig& cfg);
+  MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer);
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
   BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
@@ -94,10 +94,13 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   ForwardOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
                         const ForwardOptions& options = {});
 
-  // Aux-loss-free balancing after an optimizer step: each MoE layer's bias moves by its
-  // counts of the whole step (per layer [E], all micro-batches and ranks).
-  void update_router_bias(const std::vector<std::vector<int64_t>>& step_counts);
-  // Per MoE layer: its selection bias [E]; empty unless router_bias_update_rate > 0.
+  // The selection biases after an optimizer step, from the whole step's figures (all
+  // micro-batches and ranks): per MoE layer its counts [E] (the sign rule) and quantile
+  // balancing's statistic (StepStats::qb; may be shorter or empty without it).
+  void update_router_bias(const std::vector<std::vector<int64_t>>& step_counts,
+                          const std::vector<torch::Tensor>& qb = {});
+  // Per MoE layer: its selection bias [E] (undefined for a layer without one, such as a
+  // hash-routed layer); empty when no layer has one.
   std::vector<torch::Tensor> router_biases() const;
   // Per MoE layer with a learned router: the router's weight [E, H] (gate.weight).
   std::vector<torch::Tensor> router_weights() const;

@@ -15,8 +15,12 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
     : opt_(options), num_experts_(options.num_experts), top_k_(options.top_k) {
   if (opt_.learned_router()) {
     gate = register_module("gate", linear_no_bias(opt_.hidden_size, num_experts_));
-    if (opt_.balancing.bias_rate > 0)
+    if (opt_.hash_layer) {
+      tid2eid_ = gate->register_buffer(
+          "tid2eid", hash_routing_table(opt_.hash_table, opt_.vocab_size, num_experts_, top_k_));
+    } else if (opt_.balancing.selection_bias()) {
       bias_ = gate->register_buffer("e_score_correction_bias", torch::zeros({num_experts_}));
+    }
   }
   TORCH_CHECK(opt_.shard.whole(), "a MoE layer is built whole (keep_expert_shard shards it)");
   experts = register_module("experts", std::make_shared<torch::nn::Module>());
@@ -85,7 +89,22 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
   } else {
     scores = r.probs = torch::softmax(r.logits, -1);  // [N, E]
   }
-  if (bias_.defined()) {
+  if (!tid2eid_.defined())
+    r.chosen_by = bias_.defined() ? scores.detach() + bias_ : scores.detach();
+  if (tid2eid_.defined()) {
+    // A hash-routed layer: the table chooses, the gate's scores weigh.
+    TORCH_CHECK(token_ids.defined(), "a hash-routed layer needs the token ids");
+    r.index = tid2eid_.index_select(0, token_ids);  // [N, k]
+    r.weight = scores.gather(1, r.index);           // [N, k]
+  } else if (bias_.defined() && opt_.balancing.quantile() && is_training()) {
+    // Quantile balancing: the (k+1)-th of score + bias is each token's cutoff, and
+    // cutoff - score the bias each expert would need to be chosen (the step's statistic).
+    const torch::Tensor s = scores.detach();
+    auto [top, top_index] = torch::topk(s + bias_, top_k_ + 1, -1, true, true);  // [N, k+1]
+    r.index = top_index.narrow(1, 0, top_k_);                                    // [N, k]
+    r.required = top.narrow(1, top_k_, 1) - s;                                   // [N, E]
+    r.weight = scores.gather(1, r.index);  // [N, k] the unbiased scores
+  } else if (bias_.defined()) {
     // The bias only chooses; the mixing weight is the unbiased score.
     r.index = std::get<1>(torch::topk(scores.detach() + bias_, top_k_, -1, true, false));
     r.weight = scores.gather(1, r.index);  // [N, k]
@@ -259,9 +278,12 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
 
   // Losses: only in training, only the learned router has scores.
   const bool train_router = is_training() && opt_.learned_router();
+  // A hash-routed layer's choice is fixed: no balancing loss (it could only reshape the
+  // weights); its logits still get the z-loss.
+  const bool balance = train_router && !opt_.hash_layer;
   const torch::Tensor zero = torch::zeros({}, x.options());
   out.aux_loss = out.z_loss = zero;
-  if (train_router && b.aux_coef > 0) {
+  if (balance && b.aux_coef > 0) {
     if (b.aux_scope == AuxScope::global) {
       st.route_counts = chosen_counts.to(torch::kFloat64);
       st.probs_mean = shard ? r.probs.sum(0) / static_cast<double>(shard->tokens)
@@ -271,7 +293,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
       st.stats.aux = out.aux_loss.item<double>();
     }
   }
-  if (train_router && b.importance_coef > 0) {  // trained with the aux loss, logged apart
+  if (balance && b.importance_coef > 0) {  // trained with the aux loss, logged apart
     const torch::Tensor imp =
         importance_loss(b.importance_coef, r.weight, index, num_experts_, shard);
     out.aux_loss = out.aux_loss + imp;
@@ -304,6 +326,28 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
     st.router_sums = torch::cat({torch::matmul(w, p), (entropy * w).sum().view(1),
                                  (confidence * w).sum().view(1), w.sum().view(1)});  // [E + 3]
   }
+  if (r.chosen_by.defined() && stats && top_k_ < num_experts_) {
+    // The routing margin: k-th minus (k+1)-th of what top-k chose by, over real tokens (a
+    // shard: its share of the micro-batch's mean, as the shards' add up to it).
+    torch::NoGradGuard no_grad;
+    const torch::Tensor top = std::get<0>(torch::topk(r.chosen_by, top_k_ + 1, -1));  // [N, k+1]
+    torch::Tensor margin = (top.select(1, top_k_ - 1) - top.select(1, top_k_)).to(torch::kFloat64);
+    if (real.defined()) margin = margin.masked_select(real);  // [n]
+    const double sum = margin.sum().item<double>();
+    const double small = (margin < kSmallMargin).sum().item<double>();
+    torch::Tensor n = torch::full({1}, static_cast<double>(margin.numel()), torch::kFloat64);
+    if (shard) shard->sum(n);  // the micro-batch's real tokens
+    const double total = n.item<double>();
+    st.stats.margin = total > 0 ? sum / total : 0.0;
+    st.stats.margin_small = total > 0 ? small / total : 0.0;
+  }
+  if (r.required.defined()) {  // quantile balancing's statistic of the real tokens
+    const torch::Tensor required =
+        real.defined() ? r.required.index_select(0, real.nonzero().view({-1})) : r.required;
+    st.qb = b.qb_estimator == QbEstimator::exact
+                ? required.contiguous()
+                : quantile_histogram(required, bias_, b.qb_bins);  // [E, B]
+  }
   if (st.keep.defined()) {
     torch::Tensor dropped = st.keep.reshape({-1}).logical_not();
     if (real_slots.defined()) dropped = dropped.logical_and(real_slots);
@@ -315,8 +359,14 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
   return out;
 }
 
-void MOEFeedForwardImpl::update_bias(const std::vector<int64_t>& step_counts) {
-  if (bias_.defined()) update_selection_bias(bias_, step_counts, opt_.balancing.bias_rate);
+void MOEFeedForwardImpl::update_bias(const std::vector<int64_t>& step_counts,
+                                     const torch::Tensor& qb) {
+  if (!bias_.defined()) return;
+  if (opt_.balancing.quantile()) {
+    if (qb.defined()) update_quantile_bias(bias_, qb, opt_.balancing, top_k_);
+  } else {
+    update_selection_bias(bias_, step_counts, opt_.balancing.bias_rate);
+  }
 }
 
 }  // namespace minimind

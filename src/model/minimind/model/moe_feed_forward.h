@@ -31,6 +31,10 @@ struct MoEStats {
   // [sum_t p_t (E), sum_t H(p_t), sum_t of p_t over its chosen experts, T] (RouterSums).
   torch::Tensor probs;        // [N, E]
   torch::Tensor router_sums;  // [E + 3] float64
+  // Quantile balancing (training only): what this forward adds to the step's estimate of
+  // each expert's quantile; real tokens only. histogram: [E, qb_num_bins] int64 counts of
+  // r = cutoff - score; exact: [n, E] float32, the r of each real token.
+  torch::Tensor qb;
   // Global aux scope only (training, coef > 0): what GlobalAuxScope needs to compute the
   // loss over the step's micro-batches and ranks.
   torch::Tensor route_counts;  // [E] float64: assignments per expert of all N tokens
@@ -59,11 +63,16 @@ class MOEFeedForwardImpl : public torch::nn::Module {
                     const torch::Tensor& token_ids = {}, bool stats = true,
                     const BatchShard* shard = nullptr);
 
-  // Aux-loss-free balancing after an optimizer step (update_selection_bias) from the step's
-  // counts (all micro-batches and ranks). No-op unless router_bias_update_rate > 0.
-  void update_bias(const std::vector<int64_t>& step_counts);
-  // The selection bias [E] (float32); undefined unless router_bias_update_rate > 0.
+  // The selection bias after an optimizer step, from the step's figures (all micro-batches
+  // and ranks): the sign rule from its counts (update_selection_bias), quantile balancing
+  // from its MoEStats::qb, summed or stacked (update_quantile_bias). No-op without a bias.
+  void update_bias(const std::vector<int64_t>& step_counts, const torch::Tensor& qb);
+  // The selection bias [E] (float32); undefined without one (the sign rule's rate 0 and no
+  // quantile balancing, or a hash-routed layer).
   torch::Tensor bias() const { return bias_; }
+  // Hash-routed layer: the token -> experts table [V, k] int64 (buffer gate.tid2eid);
+  // undefined otherwise.
+  torch::Tensor hash_table() const { return tid2eid_; }
 
   // Expert parallelism (apply_expert_parallel): keeps only the routed experts of shard
   // exchange.index() of exchange.size(), with the weights they have, and from then on
@@ -85,6 +94,8 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   // [N, k] expert ids and mixing weights, and the scores p [N, E] the aux losses read.
   struct Routing {
     torch::Tensor index, weight, probs, logits;
+    torch::Tensor required;   // quantile balancing, training: [N, E] cutoff - score
+    torch::Tensor chosen_by;  // [N, E] detached: the values top-k chose by (score + bias)
   };
   Routing route(const torch::Tensor& x_flat, const torch::Tensor& token_ids);
   // The routed experts' weighted sum [N, H] for x_flat [N, H]; sets out.keep (capacity)
@@ -102,7 +113,8 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   std::vector<FeedForward> shared_list_;
   MoEOptions opt_;
   int64_t num_experts_, top_k_;
-  torch::Tensor bias_;  // buffer "gate.e_score_correction_bias", as HF DeepSeek-V3 names it
+  torch::Tensor bias_;     // buffer "gate.e_score_correction_bias", as HF DeepSeek-V3 names it
+  torch::Tensor tid2eid_;  // buffer "gate.tid2eid" [V, k], as DeepSeek-V4 names it
   ExpertExchange* exchange_ = nullptr;
 };
 TORCH_MODULE(MOEFeedForward);

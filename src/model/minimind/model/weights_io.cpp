@@ -38,7 +38,9 @@ void save_weights(const MiniMindForCausalLM& model, const std::string& path, tor
 void save_weights(const NamedTensors& tensors, const std::string& path, torch::Dtype dtype) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : tensors)
-    dict.insert(name, t.detach().to(dtype).contiguous().clone());
+    // dtype is the weights'; a table of ids (a hash layer's tid2eid) stays integral.
+    dict.insert(name,
+                (t.is_floating_point() ? t.detach().to(dtype) : t.detach()).contiguous().clone());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   write_file_atomic(path, std::string_view(bytes.data(), bytes.size()));
 }
@@ -144,8 +146,9 @@ void load_mapped(MiniMindForCausalLM& model, const std::map<std::string, torch::
     } else if (sliced(from).sizes() != t.sizes()) {
       problems.push_back("shape of " + shown + ": file " + c10::str(sliced(from).sizes()) +
                          ", model " + c10::str(t.sizes()));
-    } else if (!it->second.is_floating_point()) {
-      problems.push_back(from.name + " is not a floating-point tensor");
+    } else if (it->second.is_floating_point() != t.is_floating_point()) {
+      problems.push_back(from.name + (t.is_floating_point() ? " is not a floating-point tensor"
+                                                            : " is not an integer tensor"));
     }
   }
   for (const auto& [name, t] : file)
@@ -192,7 +195,8 @@ void load_weights(MiniMindForCausalLM& model, const std::string& path) {
       model, read_tensor_map(path), path, [](const std::string& name) { return SourceSlice{name}; },
       [&](const std::string& name) { return elsewhere.count(name) > 0; },
       "check model.hidden_size, num_hidden_layers, use_moe, num_experts, n_shared_experts, "
-      "router and router_bias_update_rate against the checkpoint's config.");
+      "router, router_bias_update_rate, router_bias_rule and hash_layers against the "
+      "checkpoint's config.");
 }
 
 UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path,
@@ -278,7 +282,7 @@ UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string&
   static const std::regex expert(
       R"(^(model\.layers\.\d+\.mlp\.)(shared_)?experts\.(\d+)\.(\w+)\.weight$)");
   static const std::regex router(
-      R"(^model\.layers\.\d+\.mlp\.(gate\.weight|e_score_correction_bias)$)");
+      R"(^model\.layers\.\d+\.mlp\.gate\.(weight|e_score_correction_bias|tid2eid)$)");
   load_mapped(
       model, file, path,
       [&](const std::string& name) -> SourceSlice {

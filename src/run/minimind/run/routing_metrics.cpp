@@ -55,6 +55,19 @@ RouterInfo router_info(const RouterSums& sums) {
   return r;
 }
 
+double overload_factor(const std::vector<double>& exchange) {
+  const auto n = static_cast<size_t>(std::lround(std::sqrt(static_cast<double>(exchange.size()))));
+  if (n == 0 || n * n != exchange.size()) return 0;
+  double most = 0, routed = 0;
+  for (size_t d = 0; d < n; ++d) {
+    double received = 0;
+    for (size_t s = 0; s < n; ++s) received += exchange[s * n + d];
+    most = std::max(most, received);
+  }
+  for (double v : exchange) routed += v;
+  return routed > 0 ? most / (routed / static_cast<double>(n)) : 0;
+}
+
 std::string router_row(const RouterInfo& r) {
   return fmt::format("MI {:.3f}  H̄ {:.2f}  Hm {:.2f}  conf {:.2f}", r.mi, r.token_entropy,
                      r.marginal_entropy, r.confidence);

@@ -40,6 +40,12 @@ struct RouterInfo {
 using RouterSums = std::vector<double>;
 RouterInfo router_info(const RouterSums& sums);
 
+// The per-rank overload factor of an expert group's exchange matrix [s * n + d] (rows sent
+// from rank s to rank d; routing_metrics' LayerStats::exchange): max_d of the rows rank d
+// received over mean_s of the rows rank s routed. 1 when every rank's experts get their
+// share; 0 for an empty matrix.
+double overload_factor(const std::vector<double>& exchange);
+
 // The router part of a terminal row, e.g. "MI 0.21  H̄ 0.80  Hm 0.99  conf 0.43".
 std::string router_row(const RouterInfo& r);
 

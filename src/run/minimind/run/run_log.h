@@ -91,6 +91,10 @@ struct LoadRecord {
   LayerStats stats;
   std::optional<double> aux_unscaled;  // the layer's aux loss / coef (training, coef > 0)
   std::optional<double> dropped;       // fraction of the layer's assignments capacity dropped
+  // Expert parallelism: the step's per-rank overload factor (Megatron-LM #4110), the most
+  // rows any rank's experts received over the mean rows a rank routed (1 = even), from
+  // `exchange`.
+  std::optional<double> overload;
   // Is the router learning? (RouterInfo; learned routers only, training and evaluation)
   std::optional<double> token_entropy, marginal_entropy, mi, confidence;
 
@@ -104,7 +108,7 @@ struct LoadRecord {
     f("share", r.share), f("max_vio", r.max_vio), f("cv", r.cv), f("entropy", r.entropy);
     f("effective_experts", r.effective_experts), f("max_share", r.max_share);
     f("max_expert", r.max_expert), f("dead", r.dead), f("dead_experts", r.dead_experts);
-    f("aux_unscaled", r.aux_unscaled), f("dropped", r.dropped);
+    f("aux_unscaled", r.aux_unscaled), f("dropped", r.dropped), f("overload", r.overload);
     LayerStats::fields(
         [&](const char* name, Combine, Logged logged, auto& v) {
           if (logged == Logged::as_is) f(name, v);

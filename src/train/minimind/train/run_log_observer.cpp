@@ -14,6 +14,7 @@ void RunLogObserver::on_step(const StepInfo& s) {
     if (r.stats.dropped)
       r.dropped = static_cast<double>(*r.stats.dropped) /
                   static_cast<double>(std::max<int64_t>(1, m.total));
+    if (r.stats.exchange) r.overload = overload_factor(*r.stats.exchange);
     r.set_router(st.counts.router_info(l));
     writer_.write(r);
   }

@@ -1,6 +1,8 @@
 // What one optimizer step reports: the numbers every observer of the loop reads.
 #pragma once
 
+#include <torch/torch.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +20,9 @@ struct StepStats {
   // Per MoE layer: aux, z, dropped, sequence MaxVio, the bias after the step and the router
   // gradient by source (only when asked), combined as layer_stats.h says.
   std::vector<LayerStats> layers;
+  // Per MoE layer, quantile balancing's statistic of the step (MoEStats::qb): histograms
+  // summed, exact r stacked, over the micro-batches (then the ranks); undefined elsewhere.
+  std::vector<torch::Tensor> qb;
   double router_grad_seconds = 0;  // what measuring them cost
   int64_t tokens = 0;              // input tokens of all micro-batches
   bool finite = true;              // false: nothing was applied

@@ -58,6 +58,12 @@ void TensorBoardObserver::on_interval(const IntervalInfo& i) {
         w.scalar(p + "grad_lm", r.step, *i.layers[l].grad_lm);
         w.scalar(p + "grad_balance", r.step, *i.layers[l].grad_balance);
       }
+      if (l < i.layers.size()) {
+        const LayerStats& ls = i.layers[l];
+        if (ls.margin) w.scalar(p + "margin", r.step, *ls.margin);
+        if (ls.margin_small) w.scalar(p + "margin_small", r.step, *ls.margin_small);
+        if (ls.routing_change) w.scalar(p + "routing_change", r.step, *ls.routing_change);
+      }
       if (l < i.layers.size() && i.layers[l].expert_similarity_mean) {
         w.scalar(p + "expert_similarity_mean", r.step, *i.layers[l].expert_similarity_mean);
         w.scalar(p + "expert_similarity_max", r.step, *i.layers[l].expert_similarity_max);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <type_traits>
 
@@ -142,6 +143,39 @@ void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, dou
   s.counts.add(out.per_layer(&MoEStats::counts));
   s.counts.add_router(out.per_layer(&MoEStats::router_sums));
   s.tokens += tokens;
+  if (s.qb.size() < out.moe.size()) s.qb.resize(out.moe.size());
+  for (size_t l = 0; l < out.moe.size(); ++l) {
+    const torch::Tensor& q = out.moe[l].qb;  // histogram [E, B] or r [n, E]
+    if (!q.defined()) continue;
+    torch::Tensor& acc = s.qb[l];
+    if (!acc.defined())
+      acc = q;
+    else
+      acc = q.scalar_type() == torch::kLong ? acc + q : torch::cat({acc, q});
+  }
+}
+
+// Quantile balancing's statistics of every rank: histograms summed; the exact estimator's r
+// [n, E] of all ranks stacked in rank order (each rank's rows padded to the largest count
+// with +inf, which sorts after every real value, and removed again).
+void qb_over_ranks(std::vector<torch::Tensor>& qb, Distributed& dist) {
+  for (torch::Tensor& q : qb) {
+    if (!q.defined()) continue;
+    if (q.scalar_type() == torch::kLong) {
+      dist.all_reduce_sum(q);
+      continue;
+    }
+    torch::Tensor n = torch::tensor({q.size(0)}, torch::kLong);
+    dist.all_reduce_max(n);
+    const int64_t rows = n.item<int64_t>(), E = q.size(1), W = dist.world_size();
+    torch::Tensor all = torch::zeros({W, rows, E}, torch::kFloat32);  // [W, rows, E]
+    torch::Tensor mine = all[dist.rank()];
+    mine.fill_(std::numeric_limits<float>::infinity());
+    mine.narrow(0, 0, q.size(0)).copy_(q);
+    dist.all_reduce_sum(all);
+    torch::Tensor flat = all.view({W * rows, E});
+    q = flat.index_select(0, torch::isfinite(flat.select(1, 0)).nonzero().view({-1}));
+  }
 }
 
 // Each micro-batch in `shards` row ranges trained side by side, one core each
@@ -240,6 +274,29 @@ void set_expert_similarity(LayerStats& layer, const torch::Tensor& gram) {
 
 }  // namespace
 
+void RoutingChange::measure(MiniMindForCausalLM& model, std::vector<LayerStats>& layers) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  ForwardOptions fo;
+  fo.head = false;  // only the routers are read
+  const ForwardOutput out = model->forward(ids_, torch::Tensor(), fo);
+  model->train(was_training);
+  const torch::Tensor real = (ids_ != 0).reshape({-1});  // [N] padding is routed, not counted
+  std::vector<torch::Tensor> now;
+  for (const MoEStats& m : out.moe)
+    now.push_back(std::get<0>(torch::sort(m.index.index_select(0, real.nonzero().view({-1})), 1)));
+  if (last_.size() == now.size()) {
+    if (layers.size() < now.size()) layers.resize(now.size());
+    for (size_t l = 0; l < now.size(); ++l) {
+      const torch::Tensor changed = (now[l] != last_[l]).any(1);  // [n]
+      layers[l].routing_change =
+          changed.numel() > 0 ? changed.to(torch::kFloat64).mean().item<double>() : 0.0;
+    }
+  }
+  last_ = std::move(now);
+}
+
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,
                          const std::function<Batch()>& next_batch, const StepOptions& o) {
   Distributed* dist = o.parallel.job;
@@ -291,6 +348,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
       dist->average_gradients(params);
     }
     reduce_stats(s, *dist);
+    qb_over_ranks(s.qb, *dist);
     s.comm_seconds = dist->comm_seconds() - before;
   }
   if (ep) {
@@ -307,11 +365,12 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     optimizer.step();
     // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
     // same sums, so the same bias).
-    model->update_router_bias(s.counts.layers);
+    model->update_router_bias(s.counts.layers, s.qb);
   }
   clear_gradients(params);
   const auto biases = model->router_biases();
-  for (size_t l = 0; l < biases.size(); ++l) s.layers.at(l).bias = to_doubles(biases[l]);
+  for (size_t l = 0; l < biases.size(); ++l)
+    if (biases[l].defined()) s.layers.at(l).bias = to_doubles(biases[l]);
   if (o.expert_similarity) {
     std::function<void(torch::Tensor&)> over_group;
     if (ep) over_group = [ep](torch::Tensor& t) { ep->group().all_reduce_sum(t); };

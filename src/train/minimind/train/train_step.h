@@ -40,6 +40,20 @@ struct StepOptions {
   int shards = 1;
 };
 
+// Live routing change (LayerStats::routing_change): a fixed probe batch, re-routed in eval
+// mode whenever measure() is called (the trainer: at log steps); per MoE layer the share of
+// its real tokens whose top-k set differs from the previous call's. Unset at the first call.
+// Under expert parallelism every rank of the group must call it at the same steps.
+class RoutingChange {
+ public:
+  explicit RoutingChange(torch::Tensor probe_ids) : ids_(std::move(probe_ids)) {}
+  void measure(MiniMindForCausalLM& model, std::vector<LayerStats>& layers);
+
+ private:
+  torch::Tensor ids_;                // [B, T] int64
+  std::vector<torch::Tensor> last_;  // per MoE layer: [n, k] each real token's sorted choice
+};
+
 // Sets the learning rate, runs the micro-batches and, if loss and gradient norm are
 // finite, clips and steps (then zeroes the gradients). A non-finite step changes no
 // parameter, so the caller can stop with the last good state intact.

@@ -147,6 +147,12 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   bus.on_start({run_dir, main_rank, dist.world_size(), state.step, s->run.checkpoint.has_value(),
                 s->log.get(), tc.max_steps});
 
+  // Live routing change: this rank's first batch (a pure function of the data and seed, so
+  // the same probe after a resume), re-routed at log steps. Not with the random router, whose
+  // choices would draw from the training's generator.
+  std::optional<RoutingChange> routing_change;
+  if (cfg.model.use_moe && cfg.model.router != RouterKind::random)
+    routing_change.emplace(s->sampler->batch(0).input_ids);
   // The loop: one iteration per optimizer step.
   s->model->train();
   const Stopwatch loop;
@@ -161,8 +167,9 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     so.parallel = s->parallel;
     so.router_grads = so.expert_similarity = log_step && cfg.model.use_moe;
     so.shards = s->plan.shards;
-    const StepStats st = optimizer_step(
+    StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
+    if (routing_change && log_step && st.finite) routing_change->measure(s->model, st.layers);
     result.comm_seconds += st.comm_seconds;
     result.router_grad_seconds += st.router_grad_seconds;
     result.exchange_seconds += st.exchange_seconds;

@@ -107,6 +107,77 @@ void update_selection_bias(torch::Tensor& bias, const std::vector<int64_t>& step
   bias.add_(torch::sign(c.mean() - c) * rate);
 }
 
+namespace {
+// 0-dim float32 lower edge and bin width of the histogram for `bias` (torchtitan: the
+// "Appendix D" range [min b - 1, max b + 1] in `bins` equal bins).
+std::pair<torch::Tensor, torch::Tensor> quantile_range(const torch::Tensor& bias, int64_t bins) {
+  const torch::Tensor lo = bias.min(), hi = bias.max();
+  return {lo - 1, (hi - lo + 2) / static_cast<double>(bins)};
+}
+}  // namespace
+
+torch::Tensor quantile_histogram(const torch::Tensor& required, const torch::Tensor& bias,
+                                 int64_t bins) {
+  torch::NoGradGuard no_grad;
+  const int64_t E = required.size(1);
+  const auto [lower, width] = quantile_range(bias, bins);
+  torch::Tensor bin =
+      torch::floor((required - lower) / width).clamp(0, static_cast<double>(bins - 1));  // [n, E]
+  torch::Tensor flat = (bin.to(torch::kLong) + torch::arange(E).mul(bins)).reshape({-1});
+  return torch::bincount(flat, {}, E * bins).view({E, bins});  // [E, bins]
+}
+
+double quantile_bin_width(const torch::Tensor& bias, int64_t bins) {
+  return quantile_range(bias, bins).second.item<double>();
+}
+
+torch::Tensor quantile_bias_from_histogram(const torch::Tensor& histogram, double width,
+                                           int64_t k) {
+  const int64_t E = histogram.size(0);
+  const torch::Tensor h = histogram.to(torch::kLong);                       // [E, B]
+  const torch::Tensor n = h.sum(1);                                         // [E] tokens seen
+  const torch::Tensor target = n.to(torch::kFloat64) * k / E;               // [E] balanced share
+  const torch::Tensor rank = (n * k + E - 1).div(E, "floor").clamp_min(1);  // [E] ceil(target)
+  const torch::Tensor cum = h.cumsum(1);                                    // [E, B]
+  const torch::Tensor bin = (cum < rank.unsqueeze(1)).sum(1, true);         // [E, 1] crossing bin
+  const torch::Tensor in_bin = h.gather(1, bin).squeeze(1);                 // [E]
+  const torch::Tensor before = cum.gather(1, bin).squeeze(1) - in_bin;      // [E]
+  const torch::Tensor fraction =
+      ((target - before.to(torch::kFloat64)) / in_bin.to(torch::kFloat64)).clamp(0, 1);
+  const torch::Tensor position = bin.squeeze(1).to(torch::kFloat64) + fraction;  // [E] in bins
+  return (position - position.mean()) * width;  // the lower edge cancels in the centring
+}
+
+torch::Tensor quantile_bias_exact(const torch::Tensor& required, int64_t k) {
+  const int64_t N = required.size(0), E = required.size(1);
+  const int64_t rank = std::max<int64_t>((N * k + E - 1) / E, 1);      // ceil(N*k/E)
+  const torch::Tensor sorted = std::get<0>(torch::sort(required, 0));  // [N, E] ascending
+  return sorted.select(0, rank - 1).to(torch::kFloat64);               // [E]
+}
+
+void update_quantile_bias(torch::Tensor& bias, const torch::Tensor& stat, const BalancingOptions& b,
+                          int64_t k) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor solved;  // [E] float64
+  if (b.qb_estimator == QbEstimator::exact) {
+    if (stat.size(0) == 0) return;
+    solved = quantile_bias_exact(stat, k);
+  } else {
+    if (stat.sum().item<int64_t>() == 0) return;
+    solved = quantile_bias_from_histogram(stat, quantile_bin_width(bias, b.qb_bins), k);
+  }
+  torch::Tensor next =
+      b.qb_ema > 0 ? bias.to(torch::kFloat64) * b.qb_ema + solved * (1 - b.qb_ema) : solved;
+  bias.copy_(next - next.mean());
+}
+
+torch::Tensor hash_routing_table(HashTable kind, int64_t vocab, int64_t num_experts, int64_t k) {
+  torch::NoGradGuard no_grad;
+  if (kind == HashTable::random)
+    return std::get<1>(torch::topk(torch::rand({vocab, num_experts}), k, -1));           // [V, k]
+  return (torch::arange(vocab).unsqueeze(1) + torch::arange(k)).remainder(num_experts);  // [V, k]
+}
+
 double sequence_max_vio(const torch::Tensor& index, const torch::Tensor& real, int64_t rows,
                         int64_t num_experts) {
   // c[b][e]: assignments of row b's real tokens to e, a bincount over b*E + e.
@@ -131,11 +202,15 @@ GlobalAuxScope::GlobalAuxScope(const ModelConfig& cfg,
       sum_over_ranks_(std::move(sum_over_ranks)) {}
 
 void GlobalAuxScope::add_to(ForwardOutput& out, int64_t tokens, const BatchShard* shard) {
-  std::vector<torch::Tensor> route_counts;  // [E] float64 per MoE layer
-  for (const MoEStats& m : out.moe)
-    if (m.route_counts.defined()) route_counts.push_back(m.route_counts);
+  // [E] float64 per MoE layer with a learned choice (hash-routed layers have no aux loss)
+  std::vector<torch::Tensor> route_counts;
+  std::vector<size_t> layer;  // the MoE layer of each
+  for (size_t l = 0; l < out.moe.size(); ++l)
+    if (out.moe[l].route_counts.defined()) {
+      route_counts.push_back(out.moe[l].route_counts);
+      layer.push_back(l);
+    }
   if (route_counts.empty()) return;  // not the global scope, not training, or coef 0
-  TORCH_CHECK(route_counts.size() == out.moe.size(), "global aux scope on some layers only");
   torch::Tensor local =
       torch::cat({torch::stack(route_counts).reshape({-1}),
                   torch::full({1}, static_cast<double>(tokens), torch::kFloat64)});  // [L*E + 1]
@@ -150,7 +225,7 @@ void GlobalAuxScope::add_to(ForwardOutput& out, int64_t tokens, const BatchShard
   tokens_ += local[L * num_experts_].item<double>();
   torch::Tensor f = (counts_ / tokens_).to(torch::kFloat32);  // [L, E]
   for (int64_t l = 0; l < L; ++l) {
-    MoEStats& m = out.moe[static_cast<size_t>(l)];
+    MoEStats& m = out.moe[layer[static_cast<size_t>(l)]];
     torch::Tensor aux =
         (f[l] * m.probs_mean).sum() * static_cast<double>(num_experts_) * coef_;  // []
     out.aux_loss = out.aux_loss + aux;

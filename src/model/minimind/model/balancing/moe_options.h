@@ -14,13 +14,19 @@ namespace minimind {
 // default is MiniMind-3's routing.
 struct BalancingOptions {
   AuxScope aux_scope = AuxScope::batch;
-  double aux_coef = 5e-4;      // router_aux_loss_coef
-  double z_coef = 0;           // router_z_loss_coef
-  double importance_coef = 0;  // router_importance_loss_coef
-  double bias_rate = 0;        // router_bias_update_rate: aux-loss-free selection bias
+  double aux_coef = 5e-4;               // router_aux_loss_coef
+  double z_coef = 0;                    // router_z_loss_coef
+  double importance_coef = 0;           // router_importance_loss_coef
+  double bias_rate = 0;                 // router_bias_update_rate: aux-loss-free selection bias
+  BiasRule bias_rule = BiasRule::sign;  // router_bias_rule
+  QbEstimator qb_estimator = QbEstimator::histogram;
+  int64_t qb_bins = 1000;
+  double qb_ema = 0;
   double capacity_factor = 0;  // 0: dropless; else C = ceil(cf * k * T / E)
   DropPolicy drop_policy = DropPolicy::probs;
   bool dropless() const { return capacity_factor <= 0; }
+  bool quantile() const { return bias_rule == BiasRule::quantile; }
+  bool selection_bias() const { return bias_rate > 0 || quantile(); }
 };
 
 struct MoEOptions {
@@ -31,13 +37,21 @@ struct MoEOptions {
   RouterKind router = RouterKind::learned;
   ScoringFunc scoring = ScoringFunc::softmax;
   double routed_scaling = 1.0;  // the routed weights' factor (DeepSeek's routed_scaling_factor)
+  // A hash-routed layer (one of the first hash_layers): a fixed token -> k experts table
+  // over vocab_size ids chooses; the gate only weighs; no bias and no balancing loss.
+  bool hash_layer = false;
+  HashTable hash_table = HashTable::round_robin;
+  int64_t vocab_size = 0;
   BalancingOptions balancing;
   ExpertShard shard;  // the routed experts this process holds (keep_expert_shard sets it)
 
   bool learned_router() const { return router == RouterKind::learned; }
 
-  static MoEOptions from(const ModelConfig& m) {
+  // Layer `layer` (0-based) of the model.
+  static MoEOptions from(const ModelConfig& m, int64_t layer = 0) {
     MoEOptions o;
+    o.hash_layer = m.learned_router() && layer < m.hash_layers;
+    o.hash_table = m.hash_table, o.vocab_size = m.vocab_size;
     o.hidden_size = m.hidden_size, o.num_experts = m.num_experts;
     o.top_k = m.num_experts_per_tok, o.expert_ffn_size = m.expert_ffn_size();
     o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
@@ -47,6 +61,8 @@ struct MoEOptions {
     b.aux_scope = m.aux_loss_scope, b.aux_coef = m.router_aux_loss_coef;
     b.z_coef = m.router_z_loss_coef, b.bias_rate = m.router_bias_update_rate;
     b.importance_coef = m.router_importance_loss_coef;
+    b.bias_rule = m.router_bias_rule, b.qb_estimator = m.qb_estimator;
+    b.qb_bins = m.qb_num_bins, b.qb_ema = m.qb_ema;
     b.capacity_factor = m.capacity_factor, b.drop_policy = m.capacity_drop_policy;
     return o;
   }
