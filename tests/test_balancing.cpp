@@ -182,3 +182,31 @@ TEST(HashLayers, TheTableChoosesAndTheGateWeighs) {
   learned->train();
   EXPECT_GT(learned->forward(x, torch::Tensor(), ids).aux_loss.item<double>(), 0.0);
 }
+
+// DeepSeek-V4's scores s = sqrt(softplus(logit)) at known points (s(0) = sqrt(ln 2)), as the
+// layer computes them: a one-hot token whose logits are the gate's first column; the aux
+// losses' probabilities are s / sum s, and top-1 without renormalisation mixes with s itself
+// (times routed_scaling_factor).
+TEST(SqrtSoftplus, ScoresAtKnownPoints) {
+  ModelConfig cfg;
+  cfg.hidden_size = 4, cfg.use_moe = true, cfg.num_experts = 4, cfg.num_experts_per_tok = 1;
+  cfg.moe_intermediate_size = 1, cfg.norm_topk_prob = false, cfg.routed_scaling_factor = 1.5;
+  cfg.scoring_func = ScoringFunc::sqrtsoftplus;
+  MOEFeedForward moe(MoEOptions::from(cfg));
+  torch::NoGradGuard no_grad;
+  moe->gate->weight.zero_();
+  moe->gate->weight.select(1, 0).copy_(torch::tensor({0.0f, 1.0f, -1.0f, 30.0f}));  // [E]
+  for (int64_t e = 0; e < 4; ++e) {  // expert e returns silu(1) on output 0 for this token
+    moe->expert(e)->gate_proj->weight.fill_(1), moe->expert(e)->up_proj->weight.fill_(1);
+    moe->expert(e)->down_proj->weight.zero_()[0][0] = 1;
+  }
+  const torch::Tensor x = torch::tensor({1.0f, 0.0f, 0.0f, 0.0f}).view({1, 1, 4});
+  const MoEOutput out = moe->forward(x);
+  const double s[4] = {0.832554611, 1.14597630, 0.559697854, std::sqrt(30.0)};
+  const double sum = s[0] + s[1] + s[2] + s[3];
+  for (int64_t e = 0; e < 4; ++e)
+    EXPECT_NEAR(out.stats.probs[0][e].item<double>(), s[e] / sum, 2e-7) << "expert " << e;
+  EXPECT_EQ(out.stats.index[0][0].item<int64_t>(), 3);
+  const double silu1 = 1.0 / (1.0 + std::exp(-1.0));
+  EXPECT_NEAR(out.y[0][0][0].item<double>(), 1.5 * s[3] * silu1, 1e-5);
+}

@@ -286,7 +286,10 @@ void RoutingChange::measure(MiniMindForCausalLM& model, std::vector<LayerStats>&
   std::vector<torch::Tensor> now;
   for (const MoEStats& m : out.moe)
     now.push_back(std::get<0>(torch::sort(m.index.index_select(0, real.nonzero().view({-1})), 1)));
-  if (last_.size() == now.size()) {
+  bool comparable = last_.size() == now.size();
+  for (size_t l = 0; comparable && l < now.size(); ++l)
+    comparable = last_[l].sizes() == now[l].sizes();
+  if (comparable) {
     if (layers.size() < now.size()) layers.resize(now.size());
     for (size_t l = 0; l < now.size(); ++l) {
       const torch::Tensor changed = (now[l] != last_[l]).any(1);  // [n]
@@ -295,6 +298,29 @@ void RoutingChange::measure(MiniMindForCausalLM& model, std::vector<LayerStats>&
     }
   }
   last_ = std::move(now);
+}
+
+void RoutingChange::save_state(nlohmann::json& into) const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const torch::Tensor& t : last_) {
+    const torch::Tensor c = t.contiguous();
+    layers.push_back(
+        {{"k", c.size(1)},
+         {"ids", std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel())}});
+  }
+  into["routing_probe"] = std::move(layers);
+}
+
+void RoutingChange::restore_state(const nlohmann::json& from) {
+  if (!from.contains("routing_probe")) return;  // a checkpoint from before: measured afresh
+  std::vector<torch::Tensor> last;
+  for (const auto& layer : from.at("routing_probe")) {
+    const auto ids = layer.at("ids").get<std::vector<int64_t>>();
+    const int64_t k = layer.at("k").get<int64_t>();
+    if (k <= 0 || ids.size() % static_cast<size_t>(k) != 0) return;
+    last.push_back(torch::tensor(ids, torch::kLong).view({-1, k}));  // [n, k]
+  }
+  last_ = std::move(last);
 }
 
 StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& optimizer,

@@ -13,6 +13,7 @@
 #include "minimind/dist/distributed.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/parallel_context.h"
+#include "minimind/train/observer.h"
 #include "minimind/train/step_stats.h"
 
 namespace minimind {
@@ -41,13 +42,17 @@ struct StepOptions {
 };
 
 // Live routing change (LayerStats::routing_change): a fixed probe batch, re-routed in eval
-// mode whenever measure() is called (the trainer: at log steps); per MoE layer the share of
-// its real tokens whose top-k set differs from the previous call's. Unset at the first call.
-// Under expert parallelism every rank of the group must call it at the same steps.
-class RoutingChange {
+// mode whenever measure() is called (the trainer: once with the weights a run starts from,
+// then at log steps); per MoE layer the share of its real tokens whose top-k set differs
+// from the previous call's (nothing is set at the first call). The previous call's choices
+// are monitor state, kept in checkpoints, so a resumed run logs what an uninterrupted one
+// would. Under expert parallelism every rank of the group must call it at the same steps.
+class RoutingChange : public Observer {
  public:
   explicit RoutingChange(torch::Tensor probe_ids) : ids_(std::move(probe_ids)) {}
   void measure(MiniMindForCausalLM& model, std::vector<LayerStats>& layers);
+  void save_state(nlohmann::json& into) const override;
+  void restore_state(const nlohmann::json& from) override;
 
  private:
   torch::Tensor ids_;                // [B, T] int64

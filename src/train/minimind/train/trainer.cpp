@@ -130,6 +130,18 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   if (main_rank && s->val_tokens && cfg.model.use_moe)
     bus.add(analysis.emplace(s->model, *s->val_tokens, cfg));
   for (Observer* o : options.observers) bus.add(*o);
+  // Live routing change: at most 8 rows of this rank's first batch (a pure function of the
+  // data and seed, so the same probe after a resume), routed once with the weights the run
+  // starts from (a resume restores the choices of the last log step instead), then at log
+  // steps. Not with the random router, whose choices would draw from training's generator.
+  std::optional<RoutingChange> routing_change;
+  if (cfg.model.use_moe && cfg.model.router != RouterKind::random) {
+    const torch::Tensor first = s->sampler->batch(0).input_ids;  // [B, T]
+    routing_change.emplace(first.narrow(0, 0, std::min<int64_t>(first.size(0), 8)));
+    std::vector<LayerStats> none;
+    routing_change->measure(s->model, none);
+    bus.add(*routing_change);
+  }
 
   if (s->run.checkpoint && state.monitor.is_object()) {
     try {
@@ -147,12 +159,6 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   bus.on_start({run_dir, main_rank, dist.world_size(), state.step, s->run.checkpoint.has_value(),
                 s->log.get(), tc.max_steps});
 
-  // Live routing change: this rank's first batch (a pure function of the data and seed, so
-  // the same probe after a resume), re-routed at log steps. Not with the random router, whose
-  // choices would draw from the training's generator.
-  std::optional<RoutingChange> routing_change;
-  if (cfg.model.use_moe && cfg.model.router != RouterKind::random)
-    routing_change.emplace(s->sampler->batch(0).input_ids);
   // The loop: one iteration per optimizer step.
   s->model->train();
   const Stopwatch loop;

@@ -150,9 +150,10 @@ torch::Tensor quantile_bias_from_histogram(const torch::Tensor& histogram, doubl
 
 torch::Tensor quantile_bias_exact(const torch::Tensor& required, int64_t k) {
   const int64_t N = required.size(0), E = required.size(1);
-  const int64_t rank = std::max<int64_t>((N * k + E - 1) / E, 1);      // ceil(N*k/E)
-  const torch::Tensor sorted = std::get<0>(torch::sort(required, 0));  // [N, E] ascending
-  return sorted.select(0, rank - 1).to(torch::kFloat64);               // [E]
+  const int64_t rank = std::max<int64_t>((N * k + E - 1) / E, 1);  // ceil(N*k/E)
+  // A selection per expert, not a sort: each column's rank-th smallest, columns contiguous.
+  const torch::Tensor columns = required.t().contiguous();                    // [E, N]
+  return std::get<0>(torch::kthvalue(columns, rank, 1)).to(torch::kFloat64);  // [E]
 }
 
 void update_quantile_bias(torch::Tensor& bias, const torch::Tensor& stat, const BalancingOptions& b,
