@@ -93,8 +93,8 @@ grep -q "each micro-batch in 2 shards side by side" "$WORK/lab-ep2-shards.log" |
   { echo "FAIL: the ranks did not train in shards" >&2; exit 1; }
 compare "$WORK/lab-1x8" "$WORK/lab-ep2-shards" 1e-5 "lab 1x8 vs 2x4 experts over 2 ranks, 2 shards per rank"
 # The exchange's imbalance in the logs: per step and layer, the rows each rank sent to each
-# add up to the step's assignments (k = 1; these rows hold no padding), and the report
-# charts the most any rank received.
+# add up to the step's assignments (k = 1; these rows hold no padding), "overload" is the most
+# any rank received over the mean, and the report charts it.
 "$PY" - "$WORK/lab-ep2-shards" <<'PY'
 import json, sys
 run = sys.argv[1]
@@ -103,8 +103,13 @@ assert len(rs) == 24 and all(len(r["exchange"]) == 4 for r in rs), rs[0]
 assert all(sum(r["exchange"]) == sum(r["counts"]) for r in rs)
 worst = max(max(r["exchange"][0] + r["exchange"][2], r["exchange"][1] + r["exchange"][3]) /
             (sum(r["exchange"]) / 2) for r in rs)
+# Megatron's per-rank overload factor, logged as "overload": the same ratio per record.
+for r in rs:
+    e = r["exchange"]
+    want = max(e[0] + e[2], e[1] + e[3]) / (sum(e) / 2)
+    assert abs(r["overload"] - want) < 1e-12, (r["step"], r["layer"], r["overload"], want)
 print(f"exchange logged for {len(rs)} (step, layer) records; rows sent = assignments; the busiest "
-      f"rank received up to {worst:.3f}x the mean")
+      f"rank received up to {worst:.3f}x the mean (= the logged overload factor)")
 assert "most token rows a rank received" in open(run + "/report.html").read()
 PY
 
