@@ -67,11 +67,15 @@ std::string inspect_text(const RunLogs& logs, size_t width) {
                          sparkline(similarity, width), width, similarity.front(), similarity.back(),
                          *points.back().stats.expert_similarity_max);
     // Routing margin and live routing change (learned choices; change at log steps).
-    std::vector<double> margin, change;
+    std::vector<double> margin, change, overload;
     for (const auto& p : points) {
       if (p.stats.margin) margin.push_back(*p.stats.margin);
       if (p.stats.routing_change) change.push_back(*p.stats.routing_change);
+      if (p.stats.exchange) overload.push_back(overload_factor(*p.stats.exchange));
     }
+    if (!overload.empty())  // experts over ranks: the busiest rank's rows over the mean
+      out += fmt::format("      overload  {:<{}} {:.2f} -> {:.2f} (busiest rank / mean)\n",
+                         sparkline(overload, width), width, overload.front(), overload.back());
     if (!margin.empty())
       out += fmt::format("      margin    {:<{}} {:.3f} -> {:.3f} ({:.0f} % under {})\n",
                          sparkline(margin, width), width, margin.front(), margin.back(),

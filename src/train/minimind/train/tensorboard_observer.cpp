@@ -63,6 +63,7 @@ void TensorBoardObserver::on_interval(const IntervalInfo& i) {
         if (ls.margin) w.scalar(p + "margin", r.step, *ls.margin);
         if (ls.margin_small) w.scalar(p + "margin_small", r.step, *ls.margin_small);
         if (ls.routing_change) w.scalar(p + "routing_change", r.step, *ls.routing_change);
+        if (ls.exchange) w.scalar(p + "overload", r.step, overload_factor(*ls.exchange));
       }
       if (l < i.layers.size() && i.layers[l].expert_similarity_mean) {
         w.scalar(p + "expert_similarity_mean", r.step, *i.layers[l].expert_similarity_mean);
