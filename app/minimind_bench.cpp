@@ -26,11 +26,13 @@
 #include "minimind/run/expert_counts.h"
 #include "minimind/train/bench.h"
 #include "minimind/train/optim.h"
+#include "minimind/train/step_breakdown.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/allocator.h"
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/step_part.h"
 #include "minimind/util/stopwatch.h"
 
 namespace {
@@ -136,6 +138,14 @@ int main(int argc, char** argv) {
                "run.bf16_emulation=true)");
   app.add_option("--profile", profile,
                  "write a Chrome trace (chrome://tracing, Perfetto) of one measured step");
+  int breakdown = 0;
+  app.add_option("--breakdown", breakdown,
+                 "after the measured steps, profile N more and print where their time goes: "
+                 "each part's exclusive time (products, attention, norms, ..., autograd, "
+                 "allocation), their mean over the N steps (docs/performance.md)")
+      ->expected(0, 1)
+      ->default_str("3")
+      ->check(minimind_app::integer_in(1, 1000));
   app.add_option("--set", sets,
                  "SECTION.KEY=VALUE on the bench config, e.g. model.capacity_factor=1.25 "
                  "(repeatable; a balancing method's cost)");
@@ -149,7 +159,7 @@ int main(int argc, char** argv) {
   app.add_flag("--matmul-peaks", peaks_only,
                "only measure the matmul peak of each backend on one core and print them as JSON "
                "(minimind-bench runs itself so under each OpenBLAS kernel set the CPU has)");
-  for (const char* other : {"--json", "--profile"})
+  for (const char* other : {"--json", "--profile", "--breakdown"})
     app.get_option("--variant")->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
@@ -251,6 +261,27 @@ int main(int argc, char** argv) {
                      s + 1);
       }
     }
+    // --breakdown: more steps, each profiled (the profiler slows a step: it is shown apart).
+    std::optional<StepBreakdown> parts;
+    if (breakdown > 0) {
+      std::vector<StepBreakdown> each;
+      for (int s = 0; s < breakdown; ++s) {
+        StepRecorder recorder;
+        {
+          const StepScope whole(StepPart::step);
+          StepOptions so;
+          so.grad_clip = cfg.train.grad_clip, so.lr = cfg.train.learning_rate, so.shards = n_shards;
+          optimizer_step(
+              model, *opt,
+              [&] {
+                return Batch{ids, ids};
+              },
+              so);
+        }
+        each.push_back(break_down_step(recorder.finish(), n_threads));
+      }
+      parts = mean_breakdown(each);
+    }
     const double step = median(total);
     const double tok_s = B * T / step;
     // MFU against the best fp32 product this machine reaches (per core x cores), and for
@@ -311,7 +342,9 @@ int main(int argc, char** argv) {
                                 {"gen_tok_s", gen_s},
                                 {"blas_core", blas_core_name()},
                                 {"allocator", allocator_name()}};
-      std::cout << j.dump() << "\n";
+      nlohmann::json out = j;
+      if (parts) out["breakdown"] = breakdown_json(*parts);
+      std::cout << out.dump() << "\n";
     } else {
       std::cout << fmt::format(
           "{} {}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} "
@@ -322,6 +355,12 @@ int main(int argc, char** argv) {
           1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, precision_name,
           peak.gflops * n_threads, peak.backend, peak.kernel, 100 * mfu_openblas, blas_core_name(),
           100 * mfu_bf16, gen_s);
+      if (parts)
+        std::cout << fmt::format(
+                         "\nWhere a step goes ({} profiled steps after the measured ones; "
+                         "unprofiled median {:.1f} ms):\n",
+                         breakdown, 1e3 * step)
+                  << format_breakdown(*parts);
     }
     return 0;
   });

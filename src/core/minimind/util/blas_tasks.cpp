@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "minimind/util/blas_check.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -42,11 +43,13 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
     }
   };
   const at::ThreadLocalState state;  // the caller's grad mode, profiler, dispatch keys
+  const StepPart part = current_step_part();
   std::vector<std::thread> helpers;
   for (int64_t w = 1; w < workers; ++w) {
     try {
       helpers.emplace_back([&] {
         const at::ThreadLocalStateGuard guard(state);
+        const StepScope inherited(part);
         work();
       });
     } catch (const std::system_error&) {  // no thread to be had: fewer workers
@@ -54,7 +57,10 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
     }
   }
   work();
-  for (auto& h : helpers) h.join();
+  {
+    const StepScope waiting(StepPart::wait);
+    for (auto& h : helpers) h.join();
+  }
   if (error) std::rethrow_exception(error);
 }
 

@@ -18,6 +18,7 @@
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -310,6 +311,7 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
 
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
   if (x.scalar_type() == torch::kBFloat16) return x;
+  const StepScope part(StepPart::cast);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "to_bf16: float32 expected, got ",
               x.scalar_type());
   return parameter ? bf16_copies().get({x}) : round_tensor_to_bf16(x);
@@ -317,6 +319,7 @@ torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
 
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {
   TORCH_CHECK(!parameters.empty() && parameters[0].dim() == 2, "to_bf16_cat: 2-D parameters");
+  const StepScope part(StepPart::cast);
   return bf16_copies().get(parameters);
 }
 

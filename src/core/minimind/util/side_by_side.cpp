@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "minimind/util/blas_check.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -33,6 +34,7 @@ void ShardGroup::sum(int shard, torch::Tensor& t, const std::function<void(torch
     changed_.notify_all();
   } else {
     const int64_t round = round_;
+    const StepScope waiting(StepPart::wait);
     changed_.wait(lock, [&] { return round_ != round || aborted_; });
     if (round_ == round) throw std::runtime_error("another shard of this micro-batch failed");
   }
@@ -62,11 +64,13 @@ void run_side_by_side(int n, ShardGroup& group, const std::function<void(int)>& 
     }
   };
   const at::ThreadLocalState state;  // the caller's grad mode, profiler, dispatch keys
+  const StepPart part = current_step_part();
   std::vector<std::thread> helpers;
   for (int s = 1; s < n; ++s) {
     try {
       helpers.emplace_back([&, s] {
         const at::ThreadLocalStateGuard guard(state);
+        const StepScope inherited(part);
         run(s);
       });
     } catch (const std::system_error&) {  // no thread to be had: the others must not wait
@@ -77,6 +81,7 @@ void run_side_by_side(int n, ShardGroup& group, const std::function<void(int)>& 
     }
   }
   run(0);
+  const StepScope waiting(StepPart::wait);
   for (auto& h : helpers) h.join();
   if (error) std::rethrow_exception(error);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "minimind/model/linear.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -59,6 +60,7 @@ torch::Tensor attention_probs(const torch::Tensor& scores, double dropout, bool 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block, double dropout,
                                bool training) {
+  const StepScope part(StepPart::attention);
   const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
   const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
   const double scale = std::sqrt(static_cast<double>(d));
@@ -112,6 +114,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   } else {
     // Queries after cached positions (generation): query i (absolute position past + i)
     // sees keys 0..past + i; a single query (a generated token) sees every key.
+    const StepScope part(StepPart::attention);
     const int64_t S = k.size(1);  // keys visible: past + T
     torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
     torch::Tensor scores = batched_product(qg, k.permute({0, 2, 3, 1})) /

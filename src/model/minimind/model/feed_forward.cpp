@@ -1,6 +1,7 @@
 #include "minimind/model/feed_forward.h"
 
 #include "minimind/model/linear.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -12,8 +13,13 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t intermediate_size)
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return project(torch::silu(project(x, gate_proj->weight)) * project(x, up_proj->weight),
-                 down_proj->weight);
+  const torch::Tensor g = project(x, gate_proj->weight), u = project(x, up_proj->weight);
+  torch::Tensor a;  // [..., intermediate]
+  {
+    const StepScope part(StepPart::activation);
+    a = torch::silu(g) * u;
+  }
+  return project(a, down_proj->weight);
 }
 
 }  // namespace minimind

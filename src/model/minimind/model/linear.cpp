@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "minimind/util/step_part.h"
+
 namespace minimind {
 
 namespace {
@@ -19,6 +21,7 @@ struct Projection : torch::autograd::Function<Projection> {
     const torch::Tensor ws = p == Precision::bf16 ? to_bf16(w, true) : w;  // [out, in]
     ctx->save_for_backward({xs, ws});
     ctx->saved_data["precision"] = precision;
+    const StepScope part(StepPart::product_forward);
     return matmul(xs, ws.t(), p);  // [N, out] fp32
   }
 
@@ -29,8 +32,14 @@ struct Projection : torch::autograd::Function<Projection> {
     torch::Tensor gy = grad_out[0].contiguous();  // [N, out]
     if (p == Precision::bf16) gy = to_bf16(gy);
     torch::Tensor gx, gw;
-    if (ctx->needs_input_grad(0)) gx = matmul(gy, ws, p);      // [N, in]
-    if (ctx->needs_input_grad(1)) gw = matmul(gy.t(), xs, p);  // [out, in]
+    if (ctx->needs_input_grad(0)) {
+      const StepScope part(StepPart::product_grad_input);
+      gx = matmul(gy, ws, p);  // [N, in]
+    }
+    if (ctx->needs_input_grad(1)) {
+      const StepScope part(StepPart::product_grad_weight);
+      gw = matmul(gy.t(), xs, p);  // [out, in]
+    }
     return {gx, gw, torch::Tensor()};
   }
 };
@@ -48,6 +57,7 @@ struct BatchedProduct : torch::autograd::Function<BatchedProduct> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::attention);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &as = saved[0], &bs = saved[1];
     const auto p = static_cast<Precision>(ctx->saved_data["precision"].toInt());
@@ -65,7 +75,10 @@ struct BatchedProduct : torch::autograd::Function<BatchedProduct> {
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, Precision precision) {
   const bool aten = x.scalar_type() != torch::kFloat32 || !products_leave_aten(precision);
   const bool one_row = x.numel() == x.size(-1);
-  if (aten && !one_row) return torch::linear(x, w);
+  if (aten && !one_row) {
+    const StepScope part(StepPart::product_forward);
+    return torch::linear(x, w);
+  }
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = w.size(0);
   if (one_row && (aten || precision == Precision::fp32))  // any library's GEMV wins here

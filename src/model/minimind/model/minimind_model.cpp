@@ -4,6 +4,7 @@
 
 #include "minimind/model/linear.h"
 #include "minimind/model/next_token_loss.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -89,8 +90,9 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     torch::Tensor is_real = token_ids != 0;
     if (!is_real.all().item<bool>()) real = is_real;
   }
-  torch::Tensor h = torch::dropout(model->embed_tokens(input_ids), model->dropout,
-                                   is_training());  // [B, T, H]
+  torch::Tensor h = in_part(StepPart::embedding, [&] {
+    return torch::dropout(model->embed_tokens(input_ids), model->dropout, is_training());
+  });  // [B, T, H]
   for (size_t i = 0; i < model->blocks.size(); ++i) {
     BlockOutput b =
         model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real, token_ids, o.shard);

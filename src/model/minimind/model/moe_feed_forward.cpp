@@ -8,6 +8,7 @@
 #include "minimind/model/balancing/balancing.h"
 #include "minimind/model/linear.h"
 #include "minimind/model/routed_experts.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -196,6 +197,7 @@ torch::Tensor MOEFeedForwardImpl::run_remote(const torch::Tensor& rows,
 torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Routing& r,
                                            MoEStats& out, torch::Tensor& chosen_counts,
                                            int channel) {
+  const StepScope part(StepPart::dispatch);
   const int64_t N = x_flat.size(0);
   const torch::Tensor& weight = r.weight;  // [N, k]
   const torch::Tensor& index = r.index;    // [N, k]
@@ -259,6 +261,7 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
 MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tensor& real,
                                       const torch::Tensor& token_ids, bool stats,
                                       const BatchShard* shard) {
+  const StepScope part(StepPart::routing);  // all but the experts' work (dispatch)
   const BalancingOptions& b = opt_.balancing;
   TORCH_CHECK(!shard || (b.dropless() && opt_.router != RouterKind::random),
               "a micro-batch in shards needs a dropless MoE without the random router");

@@ -1,6 +1,7 @@
 #include "minimind/model/next_token_loss.h"
 
 #include "minimind/util/blas_tasks.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -55,6 +56,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::loss);
     const variable_list saved = ctx->get_saved_variables();
     torch::Tensor grad = saved[0];  // the log-probabilities, overwritten: not needed again
     const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
@@ -80,6 +82,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool mean) {
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(1) >= 2,
               "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
+  const StepScope part(StepPart::loss);
   return NextTokenLoss::apply(logits.contiguous(), labels, mean);
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "minimind/util/cpu_clones.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -63,6 +64,7 @@ struct FusedRMSNorm : torch::autograd::Function<FusedRMSNorm> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::norm);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
     const torch::Tensor g = grad_out[0].contiguous();
@@ -82,6 +84,7 @@ struct FusedRMSNorm : torch::autograd::Function<FusedRMSNorm> {
 }  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const StepScope part(StepPart::norm);
   const auto type = x.scalar_type();
   const bool fused = (type == torch::kFloat32 || type == torch::kDouble) &&
                      weight.scalar_type() == type && x.is_contiguous() && weight.is_contiguous() &&

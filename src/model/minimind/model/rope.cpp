@@ -1,5 +1,7 @@
 #include "minimind/model/rope.h"
 
+#include "minimind/util/step_part.h"
+
 namespace minimind {
 
 RotaryTables make_rotary_tables(int64_t head_dim, int64_t max_positions, double theta) {
@@ -33,6 +35,7 @@ struct Rotary : torch::autograd::Function<Rotary> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::rope);
     const variable_list saved = ctx->get_saved_variables();
     return {rotate(grad_out[0], saved[0], saved[1], -1), torch::Tensor(), torch::Tensor()};
   }
@@ -61,6 +64,7 @@ struct Rotary : torch::autograd::Function<Rotary> {
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
                            const torch::Tensor& sin) {
+  const StepScope part(StepPart::rope);
   if (!torch::GradMode::is_enabled() || !x.requires_grad())  // generation: no node
     return Rotary::rotate(x, cos, sin, 1);
   return Rotary::apply(x, cos, sin);

@@ -4,6 +4,7 @@
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -61,6 +62,7 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& token,
                                std::vector<int64_t> counts, at::TensorList weights_in) {
+    const StepScope part(StepPart::dispatch);
     const variable_list weights = weights_in.vec();
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights[0].size(0);
     const std::vector<int64_t> first = row_offsets(counts);
@@ -84,13 +86,15 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           gather_rows(x, tokens + off, xe);
           const torch::Tensor rows = gu.narrow(0, off, m);
           const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
-          matmul_into(g, xe, weights[3 * e].t(), Precision::fp32);
-          matmul_into(u, xe, weights[3 * e + 1].t(), Precision::fp32);
+          in_part(StepPart::product_forward, [&] {
+            matmul_into(g, xe, weights[3 * e].t(), Precision::fp32);
+            matmul_into(u, xe, weights[3 * e + 1].t(), Precision::fp32);
+          });
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
-          at::silu_out(s, g);
-          at::mul_out(a_e, s, u);
+          in_part(StepPart::activation, [&] { at::mul_out(a_e, at::silu_out(s, g), u); });
           torch::Tensor ys_e = ys.narrow(0, off, m);  // [m, H]
-          matmul_into(ys_e, a_e, weights[3 * e + 2].t(), Precision::fp32);
+          in_part(StepPart::product_forward,
+                  [&] { matmul_into(ys_e, a_e, weights[3 * e + 2].t(), Precision::fp32); });
           if (serial) add_to_tokens(ys_e, weight, off, tokens + off, y);
         },
         side_by_side(I));
@@ -103,6 +107,7 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::dispatch);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight = saved[1], &gu = saved[2], &a = saved[3],
                         &silu_g = saved[4], &ys = saved[5];
@@ -141,24 +146,32 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           at::sum_out(gweight_e, at::mul_out(prod, gy_e, ys.narrow(0, off, m)), {1});
           gy_e.mul_(weight.narrow(0, off, m).unsqueeze(1));
           // Through down_proj: d/da = gy_e @ W_down, d/dW_down = gy_e^T @ a_e (MmBackward's).
-          matmul_into(ga_e, gy_e, weights[3 * e + 2], p);
-          gw[3 * e + 2] = matmul(gy_e.t(), a_e, p);
+          in_part(StepPart::product_grad_input,
+                  [&] { matmul_into(ga_e, gy_e, weights[3 * e + 2], p); });
+          gw[3 * e + 2] =
+              in_part(StepPart::product_grad_weight, [&] { return matmul(gy_e.t(), a_e, p); });
           // Through a = silu(g) * u (as MulBackward and SiluBackward).
           const torch::Tensor rows = gu.narrow(0, off, m);
           torch::Tensor drows = scratch(kDgu, m, 2 * I, type);  // [m, 2I] = [d/dg | d/du]
           torch::Tensor dg = drows.narrow(1, 0, I), du = drows.narrow(1, I, I);
-          swiglu_backward(ga_e, rows.narrow(1, 0, I), rows.narrow(1, I, I),
-                          silu_g.narrow(0, off, m), dg, du);
+          in_part(StepPart::activation, [&] {
+            swiglu_backward(ga_e, rows.narrow(1, 0, I), rows.narrow(1, I, I),
+                            silu_g.narrow(0, off, m), dg, du);
+          });
           torch::Tensor xe = scratch(kRows, m, H, x.scalar_type());  // [m, H]
           gather_rows(x, tokens + off, xe);
-          const torch::Tensor gw_gu = matmul(drows.t(), xe, p);  // [2I, H]: both weights' grads
+          const torch::Tensor gw_gu = in_part(StepPart::product_grad_weight, [&] {
+            return matmul(drows.t(), xe, p);  // [2I, H]: both weights' grads
+          });
           gw[3 * e] = gw_gu.narrow(0, 0, I);
           gw[3 * e + 1] = gw_gu.narrow(0, I, I);
           // The row's two uses (gate and up) each give a gradient; they add up (a + b == b + a).
           torch::Tensor gx_e = serial ? scratch(kOut, m, H, type) : gxs.narrow(0, off, m);
-          matmul_into(gx_e, dg, weights[3 * e], p);
           torch::Tensor up = scratch(kTemp, m, H, type);
-          matmul_into(up, du, weights[3 * e + 1], p);
+          in_part(StepPart::product_grad_input, [&] {
+            matmul_into(gx_e, dg, weights[3 * e], p);
+            matmul_into(up, du, weights[3 * e + 1], p);
+          });
           gx_e.add_(up);
           if (serial) add_to_tokens(gx_e, torch::Tensor(), 0, tokens + off, gx);
         },

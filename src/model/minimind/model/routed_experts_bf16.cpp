@@ -24,6 +24,7 @@
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -153,6 +154,7 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
                                std::vector<int64_t> counts, at::TensorList weights_in) {
+    const StepScope part(StepPart::dispatch);
     const torch::Tensor x = to_bf16(x_in);  // [N, H]
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights_in[0].size(0);
     const auto E = static_cast<int64_t>(counts.size());
@@ -180,13 +182,18 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
           auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
           gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
           float* gu_e = gu.data_ptr<float>() + off * 2 * I;  // [m, 2I]
-          gemm_bf16_rows('N', 'T', m, 2 * I, H, xe, H,
-                         static_cast<const uint16_t*>(weights[2 * e].data_ptr()), H, gu_e, 2 * I);
+          in_part(StepPart::product_forward, [&] {
+            gemm_bf16_rows('N', 'T', m, 2 * I, H, xe, H,
+                           static_cast<const uint16_t*>(weights[2 * e].data_ptr()), H, gu_e, 2 * I);
+          });
           auto* a = scratch_of<uint16_t>(kRounded, m * I);  // [m, I]
-          swiglu_forward_rows(gu_e, sig.data_ptr<float>() + off * I, a, m, I);
+          in_part(StepPart::activation,
+                  [&] { swiglu_forward_rows(gu_e, sig.data_ptr<float>() + off * I, a, m, I); });
           float* ys_e = serial ? scratch_of<float>(kOut, m * H) : ys.data_ptr<float>() + off * H;
-          gemm_bf16_rows('N', 'T', m, H, I, a, I,
-                         static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr()), I, ys_e, H);
+          in_part(StepPart::product_forward, [&] {
+            gemm_bf16_rows('N', 'T', m, H, I, a, I,
+                           static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr()), I, ys_e, H);
+          });
           if (serial) add_to_tokens(ys_e, w + off, tok + off, m, y.data_ptr<float>(), H);
         },
         side_by_side(I));
@@ -199,6 +206,7 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::dispatch);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight = saved[1], &gu = saved[2], &sig = saved[3];
     const torch::Tensor token = ctx->saved_data["token"].toTensor();
@@ -233,25 +241,31 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
           auto* gy_w = scratch_of<uint16_t>(kWeightedRows, m * H);  // [m, H]
           weighted_gradient_rows(gy.data_ptr<float>(), w + off, tok + off, m, H, gy_w);
           auto* ga = scratch_of<float>(kGa, m * I);  // [m, I] d/da = gy_w @ W_down
-          gemm_bf16_rows('N', 'N', m, I, H, gy_w, H, w_down, I, ga, I);
+          in_part(StepPart::product_grad_input,
+                  [&] { gemm_bf16_rows('N', 'N', m, I, H, gy_w, H, w_down, I, ga, I); });
           auto* a = scratch_of<uint16_t>(kRounded, m * I);      // [m, I]
           auto* drows = scratch_of<uint16_t>(kDgu, m * 2 * I);  // [m, 2I] = [d/dg | d/du]
           float* gweight_e = gweight.data_ptr<float>() + off;
-          swiglu_backward_rows(ga, w + off, gu.data_ptr<float>() + off * 2 * I,
-                               sig.data_ptr<float>() + off * I, m, I, gweight_e, a, drows);
+          in_part(StepPart::activation, [&] {
+            swiglu_backward_rows(ga, w + off, gu.data_ptr<float>() + off * 2 * I,
+                                 sig.data_ptr<float>() + off * I, m, I, gweight_e, a, drows);
+          });
           for (int64_t i = 0; i < m; ++i)
             if (std::fabs(w[off + i]) < kTinyWeight)
               gweight_e[i] = direct_weight_gradient(gy.data_ptr<float>() + tok[off + i] * H,
                                                     a + i * I, w_down, H, I);
           // d/dW_down [H, I] = gy_w^T @ a.
-          gemm_bf16_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I);
+          in_part(StepPart::product_grad_weight,
+                  [&] { gemm_bf16_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I); });
           // [d/dW_gate; d/dW_up] [2I, H] = drows^T @ x_e.
           auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
           gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
-          gemm_bf16_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H);
+          in_part(StepPart::product_grad_weight,
+                  [&] { gemm_bf16_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H); });
           // The rows' input gradient [m, H] = drows @ [W_gate; W_up]: both uses in one sum.
           float* gx_e = serial ? scratch_of<float>(kOut, m * H) : gxs.data_ptr<float>() + off * H;
-          gemm_bf16_rows('N', 'N', m, H, 2 * I, drows, 2 * I, w_gu, H, gx_e, H);
+          in_part(StepPart::product_grad_input,
+                  [&] { gemm_bf16_rows('N', 'N', m, H, 2 * I, drows, 2 * I, w_gu, H, gx_e, H); });
           if (serial) add_to_tokens(gx_e, nullptr, tok + off, m, gx.data_ptr<float>(), H);
         },
         side_by_side(I));

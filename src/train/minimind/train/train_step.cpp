@@ -10,6 +10,7 @@
 #include "minimind/train/optim.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/side_by_side.h"
+#include "minimind/util/step_part.h"
 #include "minimind/util/stopwatch.h"
 
 namespace minimind {
@@ -384,16 +385,20 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   }
   if (probe) probe->split(s, dist);
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
-  s.grad_norm = split ? clip_gradients(split->replicated, split->experts, o.grad_clip, ep->group())
+  {
+    const StepScope part(StepPart::optimizer);
+    s.grad_norm = split
+                      ? clip_gradients(split->replicated, split->experts, o.grad_clip, ep->group())
                       : clip_gradients(params, o.grad_clip);
-  s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
-  if (s.finite) {
-    optimizer.step();
-    // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
-    // same sums, so the same bias).
-    model->update_router_bias(s.counts.layers, s.qb);
+    s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+    if (s.finite) {
+      optimizer.step();
+      // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
+      // same sums, so the same bias).
+      model->update_router_bias(s.counts.layers, s.qb);
+    }
+    clear_gradients(params);
   }
-  clear_gradients(params);
   const auto biases = model->router_biases();
   for (size_t l = 0; l < biases.size(); ++l)
     if (biases[l].defined()) s.layers.at(l).bias = to_doubles(biases[l]);
