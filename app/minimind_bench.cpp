@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
                  "dense | moe-top1 | moe-top2 | moe-e16k4 | moe-e64k16 (fine-grained: E experts, "
                  "top-k, each 4/E as wide as moe-top1's, so the same active and total weights)")
       ->check(CLI::IsMember({"dense", "moe-top1", "moe-top2", "moe-e16k4", "moe-e64k16"}));
+  std::string config_arg;
+  app.add_option("--config", config_arg,
+                 "a config file or preset (e.g. minimind-3-moe) in place of the bench config: its "
+                 "model, a step of one micro-batch of train.batch_size x data.max_seq_len tokens")
+      ->excludes(app.get_option("--preset"));
   app.add_option("--steps", steps, "measured steps (median over them)")
       ->check(minimind_app::integer_in(1, 100000));
   app.add_option("--warmup", warmup, "steps before measuring")
@@ -187,12 +192,19 @@ int main(int argc, char** argv) {
     if (!matmul.empty()) sets.push_back("run.matmul=" + matmul);
     if (threads >= 0) sets.push_back("run.threads=" + std::to_string(threads));
     if (bf16_emulation) sets.push_back("run.bf16_emulation=true");
-    const Config cfg = bench_config(preset, sets);
+    const Config cfg = config_arg.empty() ? bench_config(preset, sets) : [&] {
+      const std::string file = find_config_file(config_arg);
+      LoadedConfig loaded = load_config(file, sets);
+      for (const auto& w : loaded.warnings) spdlog::warn("{}", w);
+      preset = std::filesystem::path(file).stem().string();  // the JSON's and table's label
+      return loaded.config;
+    }();
+    const int64_t B = cfg.train.batch_size, T = cfg.data.max_seq_len;
     // The trainer's plan for this config (a training step of the bench batch), with the
     // bench's own experiments (--blas-threads, --torch-threads, --shards) in its place.
     const Machine machine = this_machine();
     auto plan_for = [&](const Config& c) {
-      ComputePlan p = plan_compute(c, machine, {true, kBenchBatch, 1, 1});
+      ComputePlan p = plan_compute(c, machine, {true, c.train.batch_size, 1, 1});
       if (blas_threads > 0) p.blas_threads = blas_threads;
       if (torch_threads > 0) p.torch_threads = torch_threads;
       if (shards > 0) p.shards = shards;
@@ -225,7 +237,6 @@ int main(int argc, char** argv) {
     init_weights(model);
     model->train();
     auto opt = make_optimizer(model->parameters(), cfg.train);
-    const int64_t B = kBenchBatch, T = kBenchSeq;
     torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
 
     if (shards > 1 && batch_shards(cfg.model, B, shards) == 1)

@@ -1,84 +1,128 @@
 #!/usr/bin/env bash
-# Benchmark: C++ (minimind-bench) and the PyTorch reference (tests/reference/bench.py) on
-# the bench config in one run, alternating: the reference at both of its good thread settings
-# (the C++ side's: torch 1 thread + OpenBLAS on all cores; and MiniMind's own: torch on all
-# cores), each on the C++ side's malloc, and the C++ speed against the better of the two for
-# each preset, in fp32 and in bf16 (the reference under torch.autocast).
-# Usage: scripts/bench.sh [THREADS] [STEPS] [REPEATS]
+# Benchmark: C++ (minimind-bench) against the PyTorch reference (tests/reference/bench.py,
+# MiniMind's own code path) on the bench config, in fp32 and in bf16 (the reference under
+# torch.autocast), with the reference at its best.
+#
+# "At its best": every setting that helps PyTorch on this CPU, tried once each (the sweep):
+#   threads  - torch 1 intra-op thread + OpenBLAS on every core ("same", the C++ side's);
+#              torch on every core + OpenBLAS 1 thread ("blas1", OPENBLAS_NUM_THREADS=1);
+#              MiniMind's scripts' default, torch and OpenBLAS on every core ("minimind");
+#   malloc   - tcmalloc (preloaded, the C++ programs' own), or glibc's with its mmap and trim
+#              thresholds raised (without either, every step faulted its activations in anew);
+#   kernels  - OpenBLAS's kernels from the environment (OPENBLAS_CORETYPE), and on an AVX-512
+#              CPU its AVX-512 ones (SkylakeX) as well.
+# Then, for each preset and precision, the best setting of the sweep and the C++ side are
+# measured REPEATS times alternating, and the ratio is taken between their medians.
+#
+# Usage: scripts/bench.sh [THREADS [STEPS [REPEATS]]]
+#   PRESETS="dense moe-top1"  the presets (default: dense moe-top1 moe-top2)
+#   MINIMIND_BENCH=path       a built minimind-bench to use (default: build, then build/app's)
+#   BENCH_LOG=file            keep every JSON line there
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
-STEPS=${2:-12}
+STEPS=${2:-8}
 REPEATS=${3:-3}
-bash scripts/build.sh >/dev/null
-OUT=$(mktemp)
-trap 'rm -f "$OUT"' EXIT
-# The reference gets the OpenBLAS kernels the C++ side runs with: minimind-bench sets
-# OPENBLAS_CORETYPE when OpenBLAS does not know the CPU (blas_check.h), and a PyTorch user at
-# their best would set it too.
-# The C++ programs' malloc (tcmalloc, docs/performance.md "Memory allocator") for the
-# reference too, preloaded into Python: a PyTorch user at their best picks the allocator, and
-# on glibc's defaults every step of the reference faulted in its activations anew (~2.5x
-# slower, 2026-12-01).
-TCMALLOC=$(ldd ./build/app/minimind-bench | awk '/libtcmalloc/ {print $3}')
+PRESETS=${PRESETS:-dense moe-top1 moe-top2}
+if [ -z "${MINIMIND_BENCH:-}" ]; then
+  bash scripts/build.sh >/dev/null
+  MINIMIND_BENCH=./build/app/minimind-bench
+fi
+OUT=${BENCH_LOG:-$(mktemp)}
+[ -n "${BENCH_LOG:-}" ] || trap 'rm -f "$OUT"' EXIT
+: > "$OUT"
+PY=/usr/bin/python3
+TCMALLOC=$(ldd "$MINIMIND_BENCH" | awk '/libtcmalloc/ {print $3}')
 [ -n "$TCMALLOC" ] || { echo "bench.sh: minimind-bench does not link tcmalloc" >&2; exit 1; }
-SAME_MALLOC=(LD_PRELOAD="$TCMALLOC")
-# Each repeat runs every side once, in turn: C++ in fp32 (run.matmul auto) and in bf16, the
-# reference in fp32 and in bf16 autocast, each at both thread settings.
-for preset in dense moe-top1 moe-top2; do
-  for r in $(seq 1 "$REPEATS"); do
-    for precision in fp32 bf16; do
-      ./build/app/minimind-bench --preset "$preset" --threads "$THREADS" --steps "$STEPS" \
-        --precision "$precision" --json >> "$OUT"
-    done
-    CORE=$(tail -1 "$OUT" | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["blas_core"])')
-    for precision in fp32 bf16; do
-      env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
-        /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 same "$precision" >> "$OUT"
-      env "${SAME_MALLOC[@]}" OPENBLAS_CORETYPE="$CORE" \
-        /usr/bin/python3 tests/reference/bench.py "$preset" "$THREADS" "$STEPS" 3 minimind \
-        "$precision" >> "$OUT"
+GLIBC_RAISED=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296
+              MALLOC_TOP_PAD_=268435456)
+# The environment's kernels: what OpenBLAS loaded in minimind-bench (it sets OPENBLAS_CORETYPE
+# itself where OpenBLAS does not know the CPU: util/blas_check.h).
+LOADED=$("$MINIMIND_BENCH" --matmul-peaks | $PY -c 'import json,sys; print([p["kernel"] for p in json.load(sys.stdin) if p["backend"] == "openblas"][0])')
+KERNELS=("$LOADED")
+if grep -qw avx512f /proc/cpuinfo && [ "$LOADED" != SkylakeX ]; then KERNELS+=(SkylakeX); fi
+
+reference() {  # PRESET PRECISION POLICY MALLOC KERNELS
+  local env=(OPENBLAS_CORETYPE="$5")
+  if [ "$4" = tcmalloc ]; then env+=(LD_PRELOAD="$TCMALLOC"); else env+=("${GLIBC_RAISED[@]}"); fi
+  env "${env[@]}" $PY tests/reference/bench.py "$1" "$THREADS" "$STEPS" 2 "$3" "$2" \
+    "$3 $4 $5" | sed 's/^{/{"phase": "'"$PHASE"'", /' >> "$OUT"
+}
+cpp() {  # PRESET PRECISION
+  "$MINIMIND_BENCH" --preset "$1" --threads "$THREADS" --steps "$STEPS" --warmup 2 \
+    --precision "$2" --json | sed 's/^{/{"phase": "'"$PHASE"'", /' >> "$OUT"
+}
+
+PHASE=sweep
+for preset in $PRESETS; do
+  for precision in fp32 bf16; do
+    for policy in same blas1 minimind; do
+      for malloc in tcmalloc glibc; do
+        for kernels in "${KERNELS[@]}"; do
+          reference "$preset" "$precision" "$policy" "$malloc" "$kernels"
+        done
+      done
     done
   done
 done
-/usr/bin/python3 - "$OUT" "$THREADS" "$REPEATS" <<'PY'
+PHASE=final
+for preset in $PRESETS; do
+  for precision in fp32 bf16; do
+    read -r policy malloc kernels < <($PY - "$OUT" "$preset" "$precision" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+best = max((r for r in rows if r["impl"] != "cpp" and r["preset"] == sys.argv[2]
+            and r["precision"] == sys.argv[3]), key=lambda r: r["tok_s"])
+print(best["setting"])
+PY
+)
+    for r in $(seq 1 "$REPEATS"); do
+      cpp "$preset" "$precision"
+      reference "$preset" "$precision" "$policy" "$malloc" "$kernels"
+    done
+  done
+done
+
+$PY - "$OUT" "$THREADS" "$REPEATS" "$STEPS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-for r in rows:
-    r.setdefault("precision", "fp32")
 cpp = [r for r in rows if r["impl"] == "cpp"]
-cpp_malloc = ", ".join(sorted({r["allocator"] for r in cpp}))
+presets = list(dict.fromkeys(r["preset"] for r in rows))
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8; "
-      f"{sys.argv[2]} threads; median of {sys.argv[3]} runs (each the median of its steps), spread = min-max of the run medians")
-print(f"malloc: C++ {cpp_malloc}, the reference the same (LD_PRELOAD)")
-print("OpenBLAS kernels: " + ", ".join(sorted({f"{r['impl']} {r['blas_core']}" for r in rows})))
-print("C++ fp32 products on: " + ", ".join(sorted({r["matmul"] for r in cpp if r["precision"] == "fp32"})))
-# MFU of every row against one peak per precision: the best product of the machine as
-# minimind-bench measured it (per core x cores, any backend), the same for both sides.
-peak = {p: statistics.median(r["peak_fp32_gflops" if p == "fp32" else "peak_bf16_gflops"] for r in cpp)
-        for p in ("fp32", "bf16")}
-print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; MFU against the fp32 peak {peak['fp32']:.0f} GFLOP/s "
-      f"and the bf16 peak {peak['bf16']:.0f} GFLOP/s")
-for r in rows:
-    r["mfu"] = r["mfu"] * r["peak_gflops"] / peak[r["precision"]]
-print(f"{'preset':9} {'impl':16} {'prec':4} {'tok/s':>7} {'spread':>12} {'step ms':>8} {'fwd':>6} {'bwd':>6} {'opt':>6} {'RSS MB':>7} {'MFU':>6} {'gen tok/s':>9}")
+      f"{sys.argv[2]} threads; {sys.argv[4]} measured steps per run (their median)")
+print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; C++: {cpp[0]['allocator']}, fp32 products on "
+      + ", ".join(sorted({r['matmul'] for r in cpp if r['precision'] == 'fp32'}))
+      + f", OpenBLAS {cpp[0]['blas_core']}")
+print("\nThe sweep: the reference once under each setting (threads, malloc, OpenBLAS kernels), tok/s")
+sweep = [r for r in rows if r["phase"] == "sweep"]
+settings = list(dict.fromkeys(r["setting"] for r in sweep))
+print("| setting | " + " | ".join(f"{p} {q}" for p in presets for q in ("fp32", "bf16")) + " |")
+print("|---|" + "---:|" * (2 * len(presets)))
+for s in settings:
+    cells = []
+    for p in presets:
+        for q in ("fp32", "bf16"):
+            v = [r["tok_s"] for r in sweep if r["setting"] == s and r["preset"] == p and r["precision"] == q]
+            cells.append(f"{v[0]:.0f}" if v else "")
+    print(f"| {s} | " + " | ".join(cells) + " |")
+print(f"\nAlternating, {sys.argv[3]} runs each: medians (min-max), tok/s; MFU against the peak of "
+      "the run's precision that minimind-bench measured")
+peak = {q: statistics.median(r["peak_fp32_gflops" if q == "fp32" else "peak_bf16_gflops"] for r in cpp)
+        for q in ("fp32", "bf16")}
+print("| preset | precision | C++ tok/s | C++ MFU | PyTorch at its best | its setting | C++ / PyTorch |")
+print("|---|---|---:|---:|---:|---|---:|")
+final = [r for r in rows if r["phase"] == "final"]
 res = {}
-for preset in ["dense", "moe-top1", "moe-top2"]:
-    for precision in ["fp32", "bf16"]:
-        for impl in ["cpp", "pytorch", "pytorch-minimind"]:
-            rs = [r for r in rows if r["preset"] == preset and r["impl"] == impl and r["precision"] == precision]
-            med = lambda k: statistics.median(r[k] for r in rs)
-            tok = [r["tok_s"] for r in rs]
-            res[(preset, impl, precision)] = med("tok_s")
-            gen = med("gen_tok_s") if rs[0]["gen_tok_s"] is not None else None
-            print(f"{preset:9} {impl:16} {precision:4} {med('tok_s'):7.0f} {min(tok):5.0f}-{max(tok):<6.0f} {med('step_ms'):8.0f} "
-                  f"{med('fwd_ms'):6.0f} {med('bwd_ms'):6.0f} {med('opt_ms'):6.0f} {max(r['peak_rss_mb'] for r in rs):7.0f} "
-                  f"{100 * med('mfu'):5.1f}% {('%9.0f' % gen) if gen else '      n/a'}")
-for preset in ["dense", "moe-top1", "moe-top2"]:
-    for precision in ["fp32", "bf16"]:
-        best = max(["pytorch", "pytorch-minimind"], key=lambda impl: res[(preset, impl, precision)])
-        print(f"{preset} {precision}: C++ / PyTorch at its best ({'torch 1 thread + OpenBLAS all cores' if best == 'pytorch' else 'MiniMind threads'}) "
-              f"= {res[(preset, 'cpp', precision)] / res[(preset, best, precision)]:.2f}x")
-    print(f"{preset}: C++ bf16 / C++ fp32 = {res[(preset, 'cpp', 'bf16')] / res[(preset, 'cpp', 'fp32')]:.2f}x")
-print(f"MoE top-1 step / dense step (C++ fp32) = {res[('dense', 'cpp', 'fp32')] / res[('moe-top1', 'cpp', 'fp32')]:.2f}")
+for p in presets:
+    for q in ("fp32", "bf16"):
+        c = [r for r in final if r["impl"] == "cpp" and r["preset"] == p and r["precision"] == q]
+        t = [r for r in final if r["impl"] != "cpp" and r["preset"] == p and r["precision"] == q]
+        ct, tt = statistics.median(r["tok_s"] for r in c), statistics.median(r["tok_s"] for r in t)
+        mfu = statistics.median(r["model_gflops"] for r in c) / peak[q]
+        res[(p, q)] = ct
+        print(f"| {p} | {q} | {ct:.0f} ({min(r['tok_s'] for r in c):.0f}-{max(r['tok_s'] for r in c):.0f}) "
+              f"| {100 * mfu:.1f} % | {tt:.0f} ({min(r['tok_s'] for r in t):.0f}-{max(r['tok_s'] for r in t):.0f}) "
+              f"| {t[0]['setting']} | {ct / tt:.2f}x |")
+for p in presets:
+    print(f"{p}: C++ bf16 / C++ fp32 = {res[(p, 'bf16')] / res[(p, 'fp32')]:.2f}x")
 PY

@@ -88,6 +88,22 @@ TEST(Matmul, BatchedProductsAgreeWithAFloat64Product) {
   }
 }
 
+// q, k and v project one input: it is rounded once. A view of the same memory hits, a
+// change in place (the version) or another tensor misses.
+TEST(Matmul, RoundsAnActivationOnceForItsProducts) {
+  torch::Tensor x = torch::randn({64, 32});
+  const torch::Tensor first = to_bf16(x);
+  EXPECT_EQ(to_bf16(x).data_ptr(), first.data_ptr());
+  EXPECT_EQ(to_bf16(x.reshape({-1, 32})).data_ptr(), first.data_ptr());
+  EXPECT_NE(to_bf16(x.t()).data_ptr(), first.data_ptr());  // another view: its own copy
+  x.add_(1);
+  const torch::Tensor after = to_bf16(x);
+  EXPECT_NE(after.data_ptr(), first.data_ptr());
+  EXPECT_TRUE(after.equal(x.to(torch::kBFloat16)));
+  const torch::Tensor y = x.clone();
+  EXPECT_NE(to_bf16(y).data_ptr(), after.data_ptr());
+}
+
 TEST(Matmul, RoundsToBf16BitForBitAsTorch) {
   const float inf = std::numeric_limits<float>::infinity();
   torch::Tensor x =

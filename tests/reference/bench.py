@@ -3,12 +3,16 @@
 measured like minimind-bench: median step time over the measured steps, fwd/bwd/optimizer
 split, peak RSS, MFU against an fp32 matmul peak measured in this process.
 
-Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY] [PRECISION]   (one JSON line)
-POLICY "same" (default): the C++ side's thread setting (torch 1 thread, OpenBLAS THREADS);
-"minimind": what MiniMind's scripts get (torch THREADS, OpenBLAS's own default of one
-thread per core). scripts/bench.sh runs both on the C++ programs' malloc (tcmalloc, through
-LD_PRELOAD, which must be set before Python starts). PRECISION "fp32" (default) or "bf16": the forward under
-torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user trains in bf16 on a CPU.
+Usage: bench.py PRESET THREADS [STEPS] [WARMUP] [POLICY] [PRECISION] [LABEL]   (one JSON line)
+POLICY, the threads:
+  "same" (default): the C++ side's setting, torch 1 intra-op thread, OpenBLAS THREADS;
+  "blas1": torch THREADS intra-op threads, OpenBLAS 1 (as OPENBLAS_NUM_THREADS=1);
+  "minimind": what MiniMind's scripts get, torch THREADS and OpenBLAS's own default of one
+  thread per core.
+PRECISION "fp32" (default) or "bf16": the forward under torch.autocast("cpu",
+dtype=torch.bfloat16), as a PyTorch user trains in bf16 on a CPU. The malloc and the OpenBLAS
+kernels are the environment's (LD_PRELOAD, MALLOC_*_, OPENBLAS_CORETYPE: set before Python
+starts; scripts/bench.sh tries each); LABEL names them in the JSON ("setting").
 """
 import contextlib
 import ctypes
@@ -59,10 +63,15 @@ def main():
     warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     policy = sys.argv[5] if len(sys.argv) > 5 else "same"
     precision = sys.argv[6] if len(sys.argv) > 6 else "fp32"
+    label = sys.argv[7] if len(sys.argv) > 7 else ""
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" \
         else contextlib.nullcontext
+    if policy not in ("same", "blas1", "minimind"):
+        sys.exit(f"bench.py: unknown POLICY {policy!r}")
     set_blas_threads(threads)
     peak = peak_gflops()
+    if policy == "blas1":
+        set_blas_threads(1)
     torch.set_num_threads(1 if policy == "same" else threads)
     cfg = MiniMindConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                          vocab_size=6400, max_position_embeddings=32768, use_moe=preset != "dense",
@@ -108,7 +117,8 @@ def main():
         "opt_ms": round(1e3 * median(optim), 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "mfu": round(tok_s * flops / (peak * 1e9), 4), "peak_gflops": round(peak, 1), "gen_tok_s": None,
-        "blas_core": blas_core()}))
+        "blas_core": blas_core(), "policy": policy,
+        "setting": label, "torch_threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":

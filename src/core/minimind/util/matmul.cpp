@@ -309,12 +309,35 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
   });
 }
 
+namespace {
+
+// The last activation this thread rounded, and its copy: q, k and v (the feed-forward's gate
+// and up) project the same input, which is then rounded once instead of three times (twice).
+// The source is kept (detached: its storage, not its graph), so a hit is the same memory,
+// the same view of it (sizes, strides, offset) and the same version: the same numbers.
+struct LastRounded {
+  torch::Tensor source, copy;
+  int64_t version = -1;
+  bool matches(const torch::Tensor& x) const {
+    return source.defined() && source.data_ptr() == x.data_ptr() && source.sizes() == x.sizes() &&
+           source.strides() == x.strides() && version == static_cast<int64_t>(x._version());
+  }
+};
+thread_local LastRounded last_rounded;
+
+}  // namespace
+
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
   if (x.scalar_type() == torch::kBFloat16) return x;
   const StepScope part(StepPart::cast);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "to_bf16: float32 expected, got ",
               x.scalar_type());
-  return parameter ? bf16_copies().get({x}) : round_tensor_to_bf16(x);
+  if (parameter) return bf16_copies().get({x});
+  if (x.is_inference()) return round_tensor_to_bf16(x);  // no version counter to check
+  if (last_rounded.matches(x)) return last_rounded.copy;
+  torch::Tensor copy = round_tensor_to_bf16(x);
+  last_rounded = {x.detach(), copy, static_cast<int64_t>(x._version())};
+  return copy;
 }
 
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {

@@ -73,7 +73,7 @@ std::vector<VariantSpeed> compare_variants(
     v.opt = make_optimizer(v.model->parameters(), v.cfg.train);
     variants.push_back(std::move(v));
   }
-  const int64_t B = kBenchBatch, T = kBenchSeq;
+  const int64_t B = base.train.batch_size, T = base.data.max_seq_len;
   torch::Tensor ids = torch::randint(3, base.model.vocab_size, {B, T}, torch::kLong);  // [B, T]
   for (int s = 0; s < warmup + steps; ++s)
     for (auto& v : variants) {
