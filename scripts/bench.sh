@@ -18,6 +18,7 @@
 #   PRESETS="dense moe-top1"  the presets (default: dense moe-top1 moe-top2)
 #   MINIMIND_BENCH=path       a built minimind-bench to use (default: build, then build/app's)
 #   BENCH_LOG=file            keep every JSON line there
+#   BENCH_SWEEP=file          take the sweep from an earlier run's BENCH_LOG instead of running it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
@@ -54,6 +55,9 @@ cpp() {  # PRESET PRECISION
 }
 
 PHASE=sweep
+if [ -n "${BENCH_SWEEP:-}" ]; then
+  grep '"phase": "sweep"' "$BENCH_SWEEP" >> "$OUT"
+else
 for preset in $PRESETS; do
   for precision in fp32 bf16; do
     for policy in same blas1 minimind; do
@@ -65,6 +69,7 @@ for preset in $PRESETS; do
     done
   done
 done
+fi
 PHASE=final
 for preset in $PRESETS; do
   for precision in fp32 bf16; do

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 #include "minimind/model/attention.h"
 #include "minimind/model/feed_forward.h"
@@ -147,6 +148,47 @@ TEST(Attention, QueryBlocksEqualTheWholeMaskedSquare) {
   // Position 0 sees only itself: query heads 0 and 1 (kv head 0) return its value.
   EXPECT_TRUE(torch::allclose(out[1][0][0].narrow(0, 0, d), v0[0][0][0], 1e-6, 1e-6));
   EXPECT_TRUE(torch::allclose(out[1][0][0].narrow(0, d, d), v0[0][0][0], 1e-6, 1e-6));
+}
+
+// bf16 training's attention node (attention_bf16.cpp) against float64 on the same rounded
+// q, k, v: the output with the softmax rounded to bf16 as the node's product takes it
+// (only fp32 sums and the exp's last bits differ), and the gradients against float64's
+// own (the node rounds each product's incoming gradient: bf16's resolution, 2^-8).
+TEST(Attention, Bf16NodeMatchesFloat64OnRoundedInputs) {
+  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
+  torch::manual_seed(11);
+  const int64_t B = 2, T = 150, heads = 4, kv = 2, d = 16;
+  auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
+  const torch::Tensor q0 = rounded(torch::randn({B, T, heads, d})),
+                      k0 = rounded(torch::randn({B, T, kv, d})),
+                      v0 = rounded(torch::randn({B, T, kv, d})),
+                      g = torch::randn({B, T, heads * d});
+  torch::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+                v = v0.clone().requires_grad_();
+  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);
+  out.backward(g);
+  // float64, heads h use kv head h / 2; the mask hides the future.
+  torch::Tensor qd = q0.to(torch::kDouble).requires_grad_(),
+                kd = k0.to(torch::kDouble).requires_grad_(),
+                vd = v0.to(torch::kDouble).requires_grad_();
+  const torch::Tensor kr = kd.repeat_interleave(heads / kv, 2),
+                      vr = vd.repeat_interleave(heads / kv, 2);
+  const torch::Tensor scores = torch::einsum("bthd,bshd->bhts", {qd, kr}) / std::sqrt(double(d));
+  const torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
+  const torch::Tensor probs = torch::softmax(scores.masked_fill(mask, -INFINITY), -1);  // [B,h,T,T]
+  const torch::Tensor want_out = torch::einsum(
+      "bhts,bshd->bthd", {rounded(probs.to(torch::kFloat)).to(torch::kDouble), vr.detach()});
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a.to(torch::kDouble) - b).norm().item<double>() / b.norm().item<double>();
+  };
+  EXPECT_LT(rel(out, want_out.reshape({B, T, heads * d})), 1e-3);
+  torch::einsum("bhts,bshd->bthd", {probs, vr})
+      .reshape({B, T, heads * d})
+      .backward(g.to(torch::kDouble));
+  EXPECT_LT(rel(q.grad(), qd.grad()), 2e-2);
+  EXPECT_LT(rel(k.grad(), kd.grad()), 2e-2);
+  EXPECT_LT(rel(v.grad(), vd.grad()), 2e-2);
+  EXPECT_GT(rel(q.grad(), qd.grad()), 1e-5) << "no bf16 rounding: the node did not run";
 }
 
 namespace {

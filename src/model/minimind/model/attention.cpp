@@ -70,6 +70,15 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                .permute({0, 2, 1, 3, 4})
                                .reshape({B, kv, T * rep, d});                // [B, kv, T*rep, d]
   const torch::Tensor kt = k.permute({0, 2, 3, 1}), vt = v.transpose(1, 2);  // [B, kv, d|T, T|d]
+  if (product_settings().precision == Precision::bf16 && q.scalar_type() == torch::kFloat32 &&
+      torch::GradMode::is_enabled() && (dropout == 0 || !training)) {
+    // bf16 training: one node for scores, mask, softmax and the product with v.
+    const torch::Tensor out = causal_attention_bf16(qg.reshape({B * kv, T * rep, d}),
+                                                    k.transpose(1, 2).reshape({B * kv, T, d}),
+                                                    vt.reshape({B * kv, T, d}), rep, block)
+                                  .view({B, kv, T, rep, d});  // [B, kv, T, rep, d]
+    return out.permute({0, 2, 1, 3, 4}).reshape({B, T, heads * d});
+  }
   // The diagonal block's mask: row (t, r) hides keys after t. The same for every block
   // (a shorter last block takes its top-left corner).
   block = std::min(block, T);

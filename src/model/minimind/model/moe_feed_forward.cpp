@@ -64,7 +64,7 @@ FeedForward MOEFeedForwardImpl::expert(int64_t e) const {
 }
 
 MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_flat,
-                                                      const torch::Tensor& token_ids) {
+                                                      const torch::Tensor& token_ids, bool stats) {
   const int64_t N = x_flat.size(0);
   Routing r;
   if (opt_.router == RouterKind::random) {  // uniform k-subset per token, from torch's generator
@@ -90,7 +90,7 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
   } else {
     scores = r.probs = torch::softmax(r.logits, -1);  // [N, E]
   }
-  if (!tid2eid_.defined())
+  if (!tid2eid_.defined() && stats)
     r.chosen_by = bias_.defined() ? scores.detach() + bias_ : scores.detach();
   if (tid2eid_.defined()) {
     // A hash-routed layer: the table chooses, the gate's scores weigh.
@@ -104,6 +104,7 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
     auto [top, top_index] = torch::topk(s + bias_, top_k_ + 1, -1, true, true);  // [N, k+1]
     r.index = top_index.narrow(1, 0, top_k_);                                    // [N, k]
     r.required = top.narrow(1, top_k_, 1) - s;                                   // [N, E]
+    r.top = top;                                                                 // the margin's too
     r.weight = scores.gather(1, r.index);  // [N, k] the unbiased scores
   } else if (bias_.defined()) {
     // The bias only chooses; the mixing weight is the unbiased score.
@@ -267,7 +268,7 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
               "a micro-batch in shards needs a dropless MoE without the random router");
   const int64_t H = x.size(-1);
   torch::Tensor x_flat = x.reshape({-1, H});  // [N, H]
-  const Routing r = route(x_flat, token_ids);
+  const Routing r = route(x_flat, token_ids, stats);
   const torch::Tensor& index = r.index;  // [N, k]
   MoEOutput out;
   MoEStats& st = out.stats;
@@ -333,7 +334,9 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
     // The routing margin: k-th minus (k+1)-th of what top-k chose by, over real tokens (a
     // shard: its share of the micro-batch's mean, as the shards' add up to it).
     torch::NoGradGuard no_grad;
-    const torch::Tensor top = std::get<0>(torch::topk(r.chosen_by, top_k_ + 1, -1));  // [N, k+1]
+    const torch::Tensor top = r.top.defined() ? r.top  // quantile balancing took it already
+                                              : std::get<0>(torch::topk(r.chosen_by, top_k_ + 1,
+                                                                        -1));  // [N, k+1]
     torch::Tensor margin = (top.select(1, top_k_ - 1) - top.select(1, top_k_)).to(torch::kFloat64);
     if (real.defined()) margin = margin.masked_select(real);  // [n]
     const double sum = margin.sum().item<double>();

@@ -95,9 +95,11 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   struct Routing {
     torch::Tensor index, weight, probs, logits;
     torch::Tensor required;   // quantile balancing, training: [N, E] cutoff - score
-    torch::Tensor chosen_by;  // [N, E] detached: the values top-k chose by (score + bias)
+    torch::Tensor chosen_by;  // stats only: [N, E] detached, what top-k chose by (score + bias)
+    torch::Tensor top;        // quantile balancing, training: [N, k+1] the top of chosen_by
   };
-  Routing route(const torch::Tensor& x_flat, const torch::Tensor& token_ids);
+  // stats: also keep what the margin statistic reads (chosen_by).
+  Routing route(const torch::Tensor& x_flat, const torch::Tensor& token_ids, bool stats);
   // The routed experts' weighted sum [N, H] for x_flat [N, H]; sets out.keep (capacity)
   // and chosen_counts [E], the router's choices per expert before dropping.
   torch::Tensor dispatch(const torch::Tensor& x_flat, const Routing& r, MoEStats& out,

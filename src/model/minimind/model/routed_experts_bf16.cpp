@@ -21,6 +21,7 @@
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
+#include "minimind/model/vector_exp.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
@@ -36,28 +37,6 @@ using torch::autograd::variable_list;
 
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-// e^x for x in [-87, 88] (clamped there; sigmoid needs no more), to about 2 ulp: x = n ln 2 +
-// r with |r| <= ln 2 / 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits. Plain
-// arithmetic, so that the loops calling it vectorise (libm's expf is one value per call).
-inline float exp_clamped(float x) {
-  x = x < -87.0f ? -87.0f : x;  // selects (and no floor), so that the loops vectorise
-  x = x > 88.0f ? 88.0f : x;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 inline float bf16_value(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
   float f;
