@@ -245,22 +245,25 @@ int main(int argc, char** argv) {
           "capacity, the random router and dropout rank or draw over the whole "
           "micro-batch; leave --shards out");
     const int n_shards = plan.shards;
-    std::vector<double> fwd, bwd, optim, total;
-    for (int s = 0; s < warmup + steps; ++s) {
-      // The legacy autograd profiler records every op of the step, forward and backward.
-      std::optional<torch::autograd::profiler::RecordProfile> trace;
-      if (!profile.empty() && s == warmup) trace.emplace(profile);
-      // The trainer's optimizer step: its forward, backward (in shards when it would be),
-      // clipping, AdamW and the router bias update.
-      const Stopwatch clock;
-      StepOptions so;
-      so.grad_clip = cfg.train.grad_clip, so.lr = cfg.train.learning_rate, so.shards = n_shards;
-      const StepStats st = optimizer_step(
+    // The trainer's optimizer step on the bench batch: its forward, backward (in shards when
+    // it would be), clipping, AdamW and the router bias update.
+    StepOptions so;
+    so.grad_clip = cfg.train.grad_clip, so.lr = cfg.train.learning_rate, so.shards = n_shards;
+    auto train_step = [&] {
+      return optimizer_step(
           model, *opt,
           [&] {
             return Batch{ids, ids};
           },
           so);
+    };
+    std::vector<double> fwd, bwd, optim, total;
+    for (int s = 0; s < warmup + steps; ++s) {
+      // The legacy autograd profiler records every op of the step, forward and backward.
+      std::optional<torch::autograd::profiler::RecordProfile> trace;
+      if (!profile.empty() && s == warmup) trace.emplace(profile);
+      const Stopwatch clock;
+      const StepStats st = train_step();
       const double t = clock.seconds();
       if (s >= warmup) {
         fwd.push_back(st.forward_seconds), bwd.push_back(st.micro_seconds - st.forward_seconds);
@@ -280,14 +283,7 @@ int main(int argc, char** argv) {
         StepRecorder recorder;
         {
           const StepScope whole(StepPart::step);
-          StepOptions so;
-          so.grad_clip = cfg.train.grad_clip, so.lr = cfg.train.learning_rate, so.shards = n_shards;
-          optimizer_step(
-              model, *opt,
-              [&] {
-                return Batch{ids, ids};
-              },
-              so);
+          train_step();
         }
         each.push_back(break_down_step(recorder.finish(), n_threads));
       }
@@ -323,39 +319,38 @@ int main(int argc, char** argv) {
     getrusage(RUSAGE_SELF, &ru);
     const double rss_mb = ru.ru_maxrss / 1024.0;
     if (json) {
-      const nlohmann::json j = {{"impl", "cpp"},
-                                {"preset", preset},
-                                {"set", sets},
-                                {"threads", n_threads},
-                                {"shards", n_shards},
-                                {"tok_s", tok_s},
-                                {"tok_s_min", *lo},
-                                {"tok_s_max", *hi},
-                                {"step_ms", 1e3 * step},
-                                {"fwd_ms", 1e3 * median(fwd)},
-                                {"bwd_ms", 1e3 * median(bwd)},
-                                {"opt_ms", 1e3 * median(optim)},
-                                {"peak_rss_mb", rss_mb},
-                                {"model_gflops", model_gflops},
-                                {"precision", precision_name},
-                                {"matmul", fp32_library},
-                                {"plan", plan.to_json()},
-                                {"mfu", mfu},
-                                {"peak_gflops", peak.gflops * n_threads},
-                                {"peak_backend", peak.backend + " " + peak.kernel},
-                                {"mfu_fp32", mfu_fp32},
-                                {"peak_fp32_gflops", fp32.gflops * n_threads},
-                                {"mfu_openblas", mfu_openblas},
-                                {"mfu_bf16", mfu_bf16},
-                                {"peak_bf16_gflops", bf16.gflops * n_threads},
-                                {"cpu", cpu.model},
-                                {"cpu_flags", cpu.flags()},
-                                {"gen_tok_s", gen_s},
-                                {"blas_core", blas_core_name()},
-                                {"allocator", allocator_name()}};
-      nlohmann::json out = j;
-      if (parts) out["breakdown"] = breakdown_json(*parts);
-      std::cout << out.dump() << "\n";
+      nlohmann::json j = {{"impl", "cpp"},
+                          {"preset", preset},
+                          {"set", sets},
+                          {"threads", n_threads},
+                          {"shards", n_shards},
+                          {"tok_s", tok_s},
+                          {"tok_s_min", *lo},
+                          {"tok_s_max", *hi},
+                          {"step_ms", 1e3 * step},
+                          {"fwd_ms", 1e3 * median(fwd)},
+                          {"bwd_ms", 1e3 * median(bwd)},
+                          {"opt_ms", 1e3 * median(optim)},
+                          {"peak_rss_mb", rss_mb},
+                          {"model_gflops", model_gflops},
+                          {"precision", precision_name},
+                          {"matmul", fp32_library},
+                          {"plan", plan.to_json()},
+                          {"mfu", mfu},
+                          {"peak_gflops", peak.gflops * n_threads},
+                          {"peak_backend", peak.backend + " " + peak.kernel},
+                          {"mfu_fp32", mfu_fp32},
+                          {"peak_fp32_gflops", fp32.gflops * n_threads},
+                          {"mfu_openblas", mfu_openblas},
+                          {"mfu_bf16", mfu_bf16},
+                          {"peak_bf16_gflops", bf16.gflops * n_threads},
+                          {"cpu", cpu.model},
+                          {"cpu_flags", cpu.flags()},
+                          {"gen_tok_s", gen_s},
+                          {"blas_core", blas_core_name()},
+                          {"allocator", allocator_name()}};
+      if (parts) j["breakdown"] = breakdown_json(*parts);
+      std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(
           "{} {}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} "
