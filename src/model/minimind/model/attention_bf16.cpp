@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "minimind/model/attention.h"
-#include "minimind/model/vector_exp.h"
+#include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
@@ -40,16 +40,10 @@ MINIMIND_CPU_CLONES void softmax_rows(float* __restrict p, uint16_t* __restrict 
     float* row = p + (r - r0) * ld;
     uint16_t* brow = pb + (r - r0) * ld;
     const int64_t seen = r / rep + 1;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < seen; ++j) {
-      row[j] = row[j] / scale;
-      mx = row[j] > mx ? row[j] : mx;
-    }
-    float sum = 0;
-    for (int64_t j = 0; j < seen; ++j) {
-      row[j] = exp_clamped(row[j] - mx);
-      sum += row[j];
-    }
+    for (int64_t j = 0; j < seen; ++j) row[j] = row[j] / scale;
+    const float mx = max_lanes(row, seen);
+    for (int64_t j = 0; j < seen; ++j) row[j] = exp_clamped(row[j] - mx);
+    const float sum = sum_lanes(row, seen);
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < seen; ++j) {
       row[j] = row[j] * inv;
@@ -67,8 +61,8 @@ MINIMIND_CPU_CLONES void softmax_backward_rows(const float* __restrict p, int64_
   for (int64_t r = 0; r < n; ++r) {
     const float *p_r = p + r * ldp, *dp_r = dp + r * end;
     uint16_t* ds_r = dsb + r * end;
-    float dot = 0;
-    for (int64_t j = 0; j < end; ++j) dot += dp_r[j] * p_r[j];
+    const float dot = dot_lanes(
+        dp_r, [p_r](int64_t j) { return p_r[j]; }, end);
     for (int64_t j = 0; j < end; ++j) ds_r[j] = bf16_bits((p_r[j] * (dp_r[j] - dot)) / scale);
   }
 }

@@ -21,7 +21,7 @@
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
-#include "minimind/model/vector_exp.h"
+#include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
@@ -52,10 +52,10 @@ MINIMIND_CPU_CLONES void swiglu_forward_rows(const float* __restrict gu, float* 
     const float *g = gu + i * 2 * I, *u = g + I;
     float* s = sig + i * I;
     uint16_t* a_i = a + i * I;
-    for (int64_t j = 0; j < I; ++j) {
-      s[j] = 1.0f / (1.0f + exp_clamped(-g[j]));
-      a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
-    }
+    // Two loops: in one, GCC's AVX2 code for the mixed float and 16-bit stores ran at a
+    // third of the speed (2.9 against 1.0 ns per element at m = 1360, I = 2432).
+    for (int64_t j = 0; j < I; ++j) s[j] = 1.0f / (1.0f + exp_clamped(-g[j]));
+    for (int64_t j = 0; j < I; ++j) a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
   }
 }
 
@@ -98,16 +98,8 @@ MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const 
       dg[j] = bf16_bits(((ga_i[j] * u[j]) * s[j]) * (1.0f + g[j] * (1.0f - s[j])));
       du[j] = bf16_bits(ga_i[j] * silu);
     }
-    // ga_i . a_i in kLanes partial sums added in a fixed order at the end (a loop of its
-    // own: one running sum is a chain of dependent additions that does not vectorise).
-    constexpr int64_t kLanes = 16;
-    float lanes[kLanes] = {};
-    int64_t j0 = 0;
-    for (; j0 + kLanes <= I; j0 += kLanes)
-      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += ga_i[j0 + l] * bf16_value(a_i[j0 + l]);
-    float dot = 0;
-    for (int64_t j = j0; j < I; ++j) dot += ga_i[j] * bf16_value(a_i[j]);
-    for (int64_t l = 0; l < kLanes; ++l) dot += lanes[l];
+    const float dot = dot_lanes(
+        ga_i, [a_i](int64_t j) { return bf16_value(a_i[j]); }, I);
     gweight[i] = std::fabs(w[i]) >= kTinyWeight ? dot / w[i] : 0.0f;
   }
 }

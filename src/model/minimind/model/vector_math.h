@@ -1,0 +1,78 @@
+// Small pieces of arithmetic written so that the loops calling them vectorise: e^x (libm's
+// expf is one value per call) and reductions over a row in kLanes partial results (a single
+// running sum or maximum is a chain of dependent operations that does not vectorise). For the
+// bf16 experts' SwiGLU and the bf16 attention's softmax. Internal to the model library.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "minimind/util/cpu_clones.h"
+
+namespace minimind {
+
+// Compiled as its callers must be (util/cpu_clones.h): no contraction to FMA, no traps.
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_NO_TRAPS_BEGIN
+// e^x for x in [-87, 88] (clamped there), to about 2 ulp: x = n ln 2 + r with |r| <= ln 2 /
+// 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits.
+inline float exp_clamped(float x) {
+  x = x < -87.0f ? -87.0f : x;  // selects (and no floor), so that the loops vectorise
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// The reductions' partial results: one AVX-512 register of floats. The lanes are combined in
+// a fixed order, so a row's result does not depend on the machine.
+constexpr int64_t kLanes = 16;
+
+// max(x[0..n)), -inf for n = 0; NaNs are passed over. Any order of comparisons gives the same
+// maximum, so this equals a running maximum bit for bit.
+inline float max_lanes(const float* x, int64_t n) {
+  float lanes[kLanes];
+  for (float& l : lanes) l = -__builtin_inff();
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[j0 + l] > lanes[l] ? x[j0 + l] : lanes[l];
+  float mx = -__builtin_inff();
+  for (int64_t j = j0; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
+  for (float l : lanes) mx = l > mx ? l : mx;
+  return mx;
+}
+
+// sum(x[j] * y(j)) over j < n in kLanes partial sums, then the tail, then the lanes in order;
+// y(j) gives the second factor (a float, or a bf16 widened).
+template <typename Y>
+inline float dot_lanes(const float* x, Y y, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[j0 + l] * y(j0 + l);
+  float sum = 0;
+  for (int64_t j = j0; j < n; ++j) sum += x[j] * y(j);
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+// sum(x[0..n)) in the order dot_lanes adds.
+inline float sum_lanes(const float* x, int64_t n) {
+  return dot_lanes(
+      x, [](int64_t) { return 1.0f; }, n);
+}
+MINIMIND_NO_TRAPS_END
+MINIMIND_NO_FMA_END
+
+}  // namespace minimind
