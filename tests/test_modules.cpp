@@ -11,6 +11,7 @@
 #include "minimind/config.h"
 #include "minimind/model/attention.h"
 #include "minimind/model/feed_forward.h"
+#include "minimind/model/linear.h"
 #include "minimind/model/moe_feed_forward.h"
 #include "minimind/model/next_token_loss.h"
 #include "minimind/model/rms_norm.h"
@@ -358,6 +359,42 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
           << "max |difference| " << (a.grad() - b.grad()).abs().max().item<float>();
       EXPECT_TRUE(b.grad().select(1, T - 1).eq(0).all().item<bool>());  // predicts nothing
       EXPECT_TRUE(b.grad()[1][3].eq(0).all().item<bool>());             // its label is ignored
+    }
+  }
+}
+
+// bf16 training's head and loss as one node (head_next_token_loss_bf16) against the head's
+// product (project) followed by next_token_loss, in bf16: the same loss and the same
+// gradients of h and of the head's weight, bit for bit (the node forms the logits' gradient
+// as NextTokenLoss does and rounds it as the product's backward would), with ignored labels,
+// a row count that is not a multiple of the node's 32-row blocks, and both OpenBLAS thread
+// counts (blocks side by side or one after another).
+TEST(NextTokenLoss, Bf16HeadAndLossNodeEqualsProductThenLossBitForBit) {
+  for (const int threads : {1, 2}) {
+    const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
+    torch::manual_seed(6);
+    const int64_t B = 3, T = 70, H = 48, V = 6400;  // 210 rows
+    const torch::Tensor h0 = torch::randn({B, T, H}), w0 = 0.2 * torch::randn({V, H});
+    torch::Tensor labels = torch::randint(0, V, {B, T}, torch::kLong);  // [B, T]
+    labels[1][4] = -100, labels[2][T - 1] = -100;
+    for (const bool mean : {true, false}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + (mean ? " mean" : " sum"));
+      torch::Tensor ha = h0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
+      torch::Tensor hb = h0.clone().requires_grad_(), wb = w0.clone().requires_grad_();
+      const torch::Tensor want = next_token_loss(project(ha, wa), labels, mean);
+      const torch::Tensor got = head_next_token_loss_bf16(hb, wb, labels, mean);
+      EXPECT_EQ(got.item<float>(), want.item<float>());
+      (want * 1.7).backward();
+      (got * 1.7).backward();
+      EXPECT_TRUE(torch::equal(ha.grad(), hb.grad()))
+          << "max |difference| " << (ha.grad() - hb.grad()).abs().max().item<float>();
+      EXPECT_TRUE(torch::equal(wa.grad(), wb.grad()))
+          << "max |difference| " << (wa.grad() - wb.grad()).abs().max().item<float>();
+      // Not fp32's numbers: the products ran in bf16.
+      const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, threads));
+      EXPECT_GT(std::abs(next_token_loss(project(h0, w0), labels, mean).item<float>() -
+                         got.item<float>()),
+                0.0f);
     }
   }
 }

@@ -61,13 +61,16 @@ struct ForwardOptions {
   // false: stop after the blocks (no logits or loss; the routing analysis only reads the
   // routers, and the LM head is about half of a tiny model's work)
   bool head = true;
+  // false: the caller reads only the losses (training), so bf16 training may form the logits
+  // inside the loss without keeping them (head_next_token_loss_bf16); logits stay undefined.
+  bool logits = true;
   // The inputs are some rows of a micro-batch trained in shards side by side (batch_shard.h):
   // the losses are this shard's part of the micro-batch's (they add up over the shards).
   const BatchShard* shard = nullptr;
 };
 
 struct ForwardOutput {
-  torch::Tensor logits;  // [B, T, V]
+  torch::Tensor logits;  // [B, T, V]; undefined under ForwardOptions::logits = false
   torch::Tensor loss;    // [] mean CE of logits[:, :-1] vs labels[:, 1:]; undefined without labels
   torch::Tensor aux_loss;  // [] sum over MoE layers of their aux loss (0 in eval / dense)
   torch::Tensor z_loss;    // [] sum over MoE layers of their router z-loss (0 unless on)

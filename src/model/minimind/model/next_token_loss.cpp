@@ -1,6 +1,9 @@
 #include "minimind/model/next_token_loss.h"
 
+#include <algorithm>
+
 #include "minimind/util/blas_tasks.h"
+#include "minimind/util/matmul.h"
 #include "minimind/util/step_part.h"
 
 namespace minimind {
@@ -12,47 +15,74 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kIgnore = -100;
 
-// f(first row, rows) over [0, rows) in blocks of 512 rows, the blocks spread over the cores
-// (run_blas_tasks): the log-softmax over 6,400 words and its backward's exp are the
-// largest single-threaded ops of a step (torch runs one intra-op thread, see compute_plan.h).
-// Measured on the 2-core VM (minimind-bench --preset dense --profile): the backward 17 ->
-// 10 ms; the log-softmax ~31 ms either way (two blocks at once each ran at half the speed
-// of one alone: this VM's two cores share more than they should; a real pair would halve it).
-// Each row's numbers are the same in any block: blocks start at a multiple of 512 rows,
-// so ATen's vectorised loops split every block into the same vectors as the whole.
-void for_row_blocks(int64_t rows, const std::function<void(int64_t, int64_t)>& f) {
-  constexpr int64_t kBlock = 512;
+// f(first row, rows) over [0, rows) in blocks of `block` rows (512 unless told), the blocks
+// spread over the cores (run_blas_tasks): the log-softmax over 6,400 words and its backward's
+// exp are the largest single-threaded ops of a step (torch runs one intra-op thread, see
+// compute_plan.h). Measured on the 2-core VM (minimind-bench --preset dense --profile): the
+// backward 17 -> 10 ms; the log-softmax ~31 ms either way (two blocks at once each ran at half
+// the speed of one alone: this VM's two cores share more than they should; a real pair would
+// halve it). Each row's numbers are the same in any block: blocks start at a multiple of 512
+// rows, so ATen's vectorised loops split every block into the same vectors as the whole.
+void for_row_blocks(int64_t rows, const std::function<void(int64_t, int64_t)>& f,
+                    int64_t block = 512) {
   std::vector<int64_t> blocks;
-  for (int64_t b = 0; b * kBlock < rows; ++b) blocks.push_back(b);
-  run_blas_tasks(blocks, [&](int64_t b) { f(b * kBlock, std::min(kBlock, rows - b * kBlock)); });
+  for (int64_t b = 0; b * block < rows; ++b) blocks.push_back(b);
+  run_blas_tasks(blocks, [&](int64_t b) { f(b * block, std::min(block, rows - b * block)); });
+}
+
+// What the loss's backward needs from its forward.
+struct LossSaved {
+  torch::Tensor loss, safe, counted, total_weight;  // [], [B, T-1] x2, []
+};
+
+// The loss from flat logits [B*T, V], overwritten by their log-probabilities (lsm may be
+// logits itself: each row is read whole before it is written).
+LossSaved log_softmax_nll(const torch::Tensor& flat, torch::Tensor lsm, const torch::Tensor& labels,
+                          bool mean) {
+  const int64_t B = labels.size(0), T = labels.size(1), V = flat.size(1);
+  for_row_blocks(B * T, [&](int64_t r0, int64_t n) {
+    torch::Tensor out = lsm.narrow(0, r0, n);
+    at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
+  });
+  const torch::Tensor targets = labels.narrow(1, 1, T - 1);                  // [B, T-1]
+  const torch::Tensor counted = targets != kIgnore;                          // [B, T-1]
+  const torch::Tensor safe = targets.masked_fill(counted.logical_not(), 0);  // [B, T-1]
+  // The log-probability of each label, as nll_loss's input of one class per row: the
+  // rows, their order and the ignored ones are those of the sliced form.
+  const torch::Tensor picked = lsm.view({B, T, V})
+                                   .narrow(1, 0, T - 1)
+                                   .gather(2, safe.unsqueeze(-1))
+                                   .reshape({B * (T - 1), 1});  // [B*(T-1), 1]
+  const torch::Tensor nll_targets =
+      torch::full_like(safe, kIgnore).masked_fill_(counted, 0).reshape({-1});  // [B*(T-1)]
+  const auto reduction = mean ? at::Reduction::Mean : at::Reduction::Sum;
+  auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
+  return {loss, safe, counted, total_weight};
+}
+
+// v = -(grad / total weight) (mean) or -grad (sum): what nll_loss's backward puts at each
+// label; log_softmax's turns that row into v * onehot - exp(lsm) * v.
+torch::Tensor label_gradient(const torch::Tensor& g, const torch::Tensor& total_weight, bool mean) {
+  return (mean ? g / total_weight : g).neg();
+}
+
+void save(AutogradContext* ctx, const LossSaved& s, const torch::Tensor& lsm, bool mean,
+          variable_list more = {}) {
+  variable_list all{lsm, s.safe, s.counted, s.total_weight};
+  all.insert(all.end(), more.begin(), more.end());
+  ctx->save_for_backward(all);
+  ctx->saved_data["mean"] = mean;
 }
 
 struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& labels, bool mean) {
-    const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
-    const torch::Tensor flat = logits.reshape({B * T, V});
+    const int64_t V = logits.size(2);
+    const torch::Tensor flat = logits.reshape({-1, V});
     torch::Tensor lsm = torch::empty_like(flat);  // [B*T, V]
-    for_row_blocks(B * T, [&](int64_t r0, int64_t n) {
-      torch::Tensor out = lsm.narrow(0, r0, n);
-      at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
-    });
-    const torch::Tensor targets = labels.narrow(1, 1, T - 1);                  // [B, T-1]
-    const torch::Tensor counted = targets != kIgnore;                          // [B, T-1]
-    const torch::Tensor safe = targets.masked_fill(counted.logical_not(), 0);  // [B, T-1]
-    // The log-probability of each label, as nll_loss's input of one class per row: the
-    // rows, their order and the ignored ones are those of the sliced form.
-    const torch::Tensor picked = lsm.view({B, T, V})
-                                     .narrow(1, 0, T - 1)
-                                     .gather(2, safe.unsqueeze(-1))
-                                     .reshape({B * (T - 1), 1});  // [B*(T-1), 1]
-    const torch::Tensor nll_targets =
-        torch::full_like(safe, kIgnore).masked_fill_(counted, 0).reshape({-1});  // [B*(T-1)]
-    const auto reduction = mean ? at::Reduction::Mean : at::Reduction::Sum;
-    auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
-    ctx->save_for_backward({lsm, safe, counted, total_weight});
-    ctx->saved_data["mean"] = mean;
-    return loss;
+    const LossSaved s = log_softmax_nll(flat, lsm, labels, mean);
+    save(ctx, s, lsm, mean);
+    return s.loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -61,10 +91,8 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     torch::Tensor grad = saved[0];  // the log-probabilities, overwritten: not needed again
     const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
     const int64_t B = safe.size(0), T = safe.size(1) + 1, V = grad.size(1);
-    // nll_loss's backward puts v = -(grad / total weight) (mean) or -grad (sum) at each
-    // label; log_softmax's turns that row into v * onehot - exp(lsm) * v.
-    const torch::Tensor g = grad_out[0];
-    const torch::Tensor v = (ctx->saved_data["mean"].toBool() ? g / total_weight : g).neg();
+    const torch::Tensor v =
+        label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool());
     const torch::Tensor minus_v = v.neg();
     for_row_blocks(B * T, [&](int64_t r0, int64_t n) {
       grad.narrow(0, r0, n).exp_().mul_(minus_v);  // -(exp(lsm) * v), [n, V]
@@ -77,6 +105,65 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
   }
 };
 
+// The head's product and the loss as one node in bf16: logits [B*T, V] = bf16(h) @ bf16(w)^T
+// with fp32 sums (as project() computes them), the loss as NextTokenLoss, and a backward that
+// forms the logits' gradient block by block, 32 rows (800 KB at V = 6,400) at a time while in
+// cache, rounding it to bf16 as it goes: the same numbers as NextTokenLoss's gradient rounded
+// by the head's product, without two more passes over [B*T, V] floats. The log-probabilities
+// overwrite the logits, which nobody reads in training.
+struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
+                               const torch::Tensor& labels, bool mean) {
+    const torch::Tensor hs = to_bf16(h.reshape({-1, h.size(-1)}));  // [B*T, H]
+    const torch::Tensor ws = to_bf16(w, /*parameter=*/true);        // [V, H]
+    torch::Tensor logits;                                           // [B*T, V]
+    in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), Precision::bf16); });
+    const LossSaved s = log_softmax_nll(logits, logits, labels, mean);
+    save(ctx, s, logits, mean, {hs, ws});
+    ctx->saved_data["h_shape"] = h.sizes().vec();
+    return s.loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const StepScope part(StepPart::loss);
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor lsm = saved[0];  // [B*T, V], overwritten as the gradient is formed
+    const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
+    const torch::Tensor &hs = saved[4], &ws = saved[5];
+    const int64_t B = safe.size(0), T = safe.size(1) + 1, V = lsm.size(1);
+    const torch::Tensor v =
+        label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool());
+    const torch::Tensor minus_v = v.neg();
+    const float v_value = v.item<float>();
+    const torch::Tensor safe_c = safe.contiguous(), counted_c = counted.contiguous();
+    const int64_t* label = safe_c.data_ptr<int64_t>();    // [B, T-1]
+    const bool* is_counted = counted_c.data_ptr<bool>();  // [B, T-1]
+    torch::Tensor gb = torch::empty({B * T, V}, lsm.options().dtype(torch::kBFloat16));
+    auto* gb_bits = static_cast<uint16_t*>(gb.data_ptr());
+    for_row_blocks(
+        B * T,
+        [&](int64_t r0, int64_t n) {
+          float* g = lsm.narrow(0, r0, n).exp_().mul_(minus_v).data_ptr<float>();  // [n, V]
+          for (int64_t r = r0; r < r0 + n; ++r, g += V) {
+            const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
+            // The last position predicts nothing; an ignored label's row is zero.
+            if (t == T - 1 || !is_counted[at]) {
+              std::fill(g, g + V, 0.0f);
+            } else {
+              g[label[at]] += v_value;
+            }
+            round_to_bf16(g, gb_bits + r * V, V);
+          }
+        },
+        /*block=*/32);
+    torch::Tensor gh, gw;
+    in_part(StepPart::product_grad_input, [&] { gh = matmul(gb, ws, Precision::bf16); });
+    in_part(StepPart::product_grad_weight, [&] { gw = matmul(gb.t(), hs, Precision::bf16); });
+    return {gh.view(ctx->saved_data["h_shape"].toIntVector()), gw, torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool mean) {
@@ -84,6 +171,14 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
               "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
   const StepScope part(StepPart::loss);
   return NextTokenLoss::apply(logits.contiguous(), labels, mean);
+}
+
+torch::Tensor head_next_token_loss_bf16(const torch::Tensor& h, const torch::Tensor& w,
+                                        const torch::Tensor& labels, bool mean) {
+  TORCH_CHECK(h.dim() == 3 && labels.dim() == 2 && h.size(1) >= 2 && w.size(1) == h.size(2),
+              "head_next_token_loss_bf16: h [B, T, H], w [V, H] and labels [B, T], T >= 2");
+  const StepScope part(StepPart::loss);
+  return HeadNextTokenLossBf16::apply(h.contiguous(), w, labels, mean);
 }
 
 }  // namespace minimind

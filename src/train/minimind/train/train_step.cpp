@@ -214,6 +214,7 @@ class ShardedMicroBatches {
       const Stopwatch clock;
       ForwardOptions fo;
       fo.shard = &shard;
+      fo.logits = false;
       p.out = model(batch.input_ids.narrow(0, r0, rows), batch.labels.narrow(0, r0, rows), fo);
       scopes_[static_cast<size_t>(i)].add_to(p.out, rows * T, &shard);
       p.forward_seconds = clock.seconds();
@@ -225,7 +226,6 @@ class ShardedMicroBatches {
       p.grads = torch::autograd::grad({(p.out.loss + p.out.aux_loss + p.out.z_loss) / A}, params_,
                                       {}, /*retain_graph=*/false,
                                       /*create_graph=*/false, /*allow_unused=*/true);
-      p.out.logits = torch::Tensor();  // [rows, T, V], read by nobody now
       p.tokens = rows * T;
     });
     for (const Part& p : parts) add_micro_batch(s, p.out, p.tokens, A);
@@ -353,7 +353,10 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
       continue;
     }
     const Stopwatch forward_clock;
-    ForwardOutput out = model(batch.input_ids, batch.labels);
+    ForwardOptions fo;
+    fo.logits = false;
+    ForwardOutput out = model(batch.input_ids, batch.labels, fo);
+    out.logits = torch::Tensor();  // [B, T, V], read by nobody
     scope.add_to(out, batch.input_ids.numel());
     s.forward_seconds += forward_clock.seconds();
     if (probe) probe->add((out.aux_loss + out.z_loss) / A);
