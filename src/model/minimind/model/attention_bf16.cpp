@@ -61,8 +61,7 @@ MINIMIND_CPU_CLONES void softmax_backward_rows(const float* __restrict p, int64_
   for (int64_t r = 0; r < n; ++r) {
     const float *p_r = p + r * ldp, *dp_r = dp + r * end;
     uint16_t* ds_r = dsb + r * end;
-    const float dot = dot_lanes(
-        dp_r, [p_r](int64_t j) { return p_r[j]; }, end);
+    const float dot = dot_lanes(dp_r, p_r, end);
     for (int64_t j = 0; j < end; ++j) ds_r[j] = bf16_bits((p_r[j] * (dp_r[j] - dot)) / scale);
   }
 }

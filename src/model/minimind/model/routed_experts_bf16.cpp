@@ -37,12 +37,6 @@ using torch::autograd::variable_list;
 
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-inline float bf16_value(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // One expert's SwiGLU forward from gu [m, 2I] = [g | u]: sig = sigmoid(g) [m, I] (kept for
 // the backward) and a = bf16(silu(g) * u) [m, I], the down projection's input.
@@ -58,8 +52,6 @@ MINIMIND_CPU_CLONES void swiglu_forward_rows(const float* __restrict gu, float* 
     for (int64_t j = 0; j < I; ++j) a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
   }
 }
-
-MINIMIND_NO_TRAPS_END
 
 // The gradient rows one expert's down projection receives: gy_w = bf16(gy[tok] * w), [m, H].
 MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
@@ -98,11 +90,11 @@ MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const 
       dg[j] = bf16_bits(((ga_i[j] * u[j]) * s[j]) * (1.0f + g[j] * (1.0f - s[j])));
       du[j] = bf16_bits(ga_i[j] * silu);
     }
-    const float dot = dot_lanes(
-        ga_i, [a_i](int64_t j) { return bf16_value(a_i[j]); }, I);
+    const float dot = dot_lanes(ga_i, a_i, I);
     gweight[i] = std::fabs(w[i]) >= kTinyWeight ? dot / w[i] : 0.0f;
   }
 }
+MINIMIND_NO_TRAPS_END
 
 // gy . ys for one row, ys = a @ W_down^T recomputed (a [I], W_down [H, I] as bf16 bits).
 float direct_weight_gradient(const float* gy, const uint16_t* a, const uint16_t* w_down, int64_t H,
@@ -110,7 +102,7 @@ float direct_weight_gradient(const float* gy, const uint16_t* a, const uint16_t*
   float sum = 0;
   for (int64_t h = 0; h < H; ++h) {
     float ys = 0;
-    for (int64_t j = 0; j < I; ++j) ys += bf16_value(a[j]) * bf16_value(w_down[h * I + j]);
+    for (int64_t j = 0; j < I; ++j) ys += widen(a[j]) * widen(w_down[h * I + j]);
     sum += gy[h] * ys;
   }
   return sum;

@@ -41,7 +41,7 @@ constexpr int64_t kLanes = 16;
 
 // max(x[0..n)), -inf for n = 0; NaNs are passed over. Any order of comparisons gives the same
 // maximum, so this equals a running maximum bit for bit.
-inline float max_lanes(const float* x, int64_t n) {
+__attribute__((always_inline)) inline float max_lanes(const float* x, int64_t n) {
   float lanes[kLanes];
   for (float& l : lanes) l = -__builtin_inff();
   int64_t j0 = 0;
@@ -53,24 +53,41 @@ inline float max_lanes(const float* x, int64_t n) {
   return mx;
 }
 
-// sum(x[j] * y(j)) over j < n in kLanes partial sums, then the tail, then the lanes in order;
-// y(j) gives the second factor (a float, or a bf16 widened).
+// sum(x[j] * y[j]) over j < n in kLanes partial sums, then the tail, then the lanes in order.
+// Y is float, or uint16_t for bf16 bits (widened exactly). The callers must be compiled under
+// the same pragmas as this file's region (no FMA, no traps): GCC inlines only across equal
+// optimisation options, and out of line the loop does not vectorise.
+inline float widen(float y) {
+  return y;
+}
+inline float widen(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 template <typename Y>
-inline float dot_lanes(const float* x, Y y, int64_t n) {
+__attribute__((always_inline)) inline float dot_lanes(const float* x, const Y* y, int64_t n) {
   float lanes[kLanes] = {};
   int64_t j0 = 0;
   for (; j0 + kLanes <= n; j0 += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[j0 + l] * y(j0 + l);
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[j0 + l] * widen(y[j0 + l]);
   float sum = 0;
-  for (int64_t j = j0; j < n; ++j) sum += x[j] * y(j);
+  for (int64_t j = j0; j < n; ++j) sum += x[j] * widen(y[j]);
   for (float l : lanes) sum += l;
   return sum;
 }
 
 // sum(x[0..n)) in the order dot_lanes adds.
-inline float sum_lanes(const float* x, int64_t n) {
-  return dot_lanes(
-      x, [](int64_t) { return 1.0f; }, n);
+__attribute__((always_inline)) inline float sum_lanes(const float* x, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[j0 + l];
+  float sum = 0;
+  for (int64_t j = j0; j < n; ++j) sum += x[j];
+  for (float l : lanes) sum += l;
+  return sum;
 }
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
