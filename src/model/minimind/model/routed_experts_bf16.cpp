@@ -21,6 +21,7 @@
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
+#include "minimind/model/swiglu_bf16.h"
 #include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
@@ -38,21 +39,6 @@ using torch::autograd::variable_list;
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
 
-// One expert's SwiGLU forward from gu [m, 2I] = [g | u]: sig = sigmoid(g) [m, I] (kept for
-// the backward) and a = bf16(silu(g) * u) [m, I], the down projection's input.
-MINIMIND_CPU_CLONES void swiglu_forward_rows(const float* __restrict gu, float* __restrict sig,
-                                             uint16_t* __restrict a, int64_t m, int64_t I) {
-  for (int64_t i = 0; i < m; ++i) {
-    const float *g = gu + i * 2 * I, *u = g + I;
-    float* s = sig + i * I;
-    uint16_t* a_i = a + i * I;
-    // Two loops: in one, GCC's AVX2 code for the mixed float and 16-bit stores ran at a
-    // third of the speed (2.9 against 1.0 ns per element at m = 1360, I = 2432).
-    for (int64_t j = 0; j < I; ++j) s[j] = 1.0f / (1.0f + exp_clamped(-g[j]));
-    for (int64_t j = 0; j < I; ++j) a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
-  }
-}
-
 // The gradient rows one expert's down projection receives: gy_w = bf16(gy[tok] * w), [m, H].
 MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
                                                 const float* __restrict w,
@@ -65,35 +51,6 @@ MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
   }
 }
 
-// Below this routing weight, (ga . a) / w would lose the routing weight's gradient in
-// w gy's rounding (or divide by zero): such a row takes the direct sum gy . ys.
-constexpr float kTinyWeight = 1e-20f;
-
-// One expert's backward through the SwiGLU and the routing weights, in one pass over [m, I],
-// from ga = bf16(w gy) @ W_down [m, I] (d/da):
-//   gweight[i] = (ga_i . a_i) / w_i      (= gy_i . ys_i, the routing weight's gradient)
-//   dg = ga * u * s * (1 + g * (1 - s)), du = ga * silu(g)   (SiluBackward's formula)
-// with a = bf16(silu(g) * u) recomputed bit for bit as the forward made it (returned in a,
-// for the down weight's gradient) and [dg | du] rounded into drows [m, 2I]. Rows with
-// |w_i| < kTinyWeight are left to direct_weight_gradient.
-MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict w,
-                                              const float* __restrict gu,
-                                              const float* __restrict sig, int64_t m, int64_t I,
-                                              float* __restrict gweight, uint16_t* __restrict a,
-                                              uint16_t* __restrict drows) {
-  for (int64_t i = 0; i < m; ++i) {
-    const float *g = gu + i * 2 * I, *u = g + I, *s = sig + i * I, *ga_i = ga + i * I;
-    uint16_t *a_i = a + i * I, *dg = drows + i * 2 * I, *du = dg + I;
-    for (int64_t j = 0; j < I; ++j) {
-      const float silu = g[j] * s[j];
-      a_i[j] = bf16_bits(silu * u[j]);
-      dg[j] = bf16_bits(((ga_i[j] * u[j]) * s[j]) * (1.0f + g[j] * (1.0f - s[j])));
-      du[j] = bf16_bits(ga_i[j] * silu);
-    }
-    const float dot = dot_lanes(ga_i, a_i, I);
-    gweight[i] = std::fabs(w[i]) >= kTinyWeight ? dot / w[i] : 0.0f;
-  }
-}
 MINIMIND_NO_TRAPS_END
 
 // gy . ys for one row, ys = a @ W_down^T recomputed (a [I], W_down [H, I] as bf16 bits).

@@ -1,0 +1,129 @@
+#include "minimind/model/swiglu_bf16.h"
+
+#include <cmath>
+
+#include "minimind/model/vector_math.h"
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
+#include "minimind/util/matmul.h"
+#include "minimind/util/step_part.h"
+
+namespace minimind {
+
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_NO_TRAPS_BEGIN
+MINIMIND_CPU_CLONES void swiglu_forward_rows(const float* __restrict gu, float* __restrict sig,
+                                             uint16_t* __restrict a, int64_t m, int64_t I) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float *g = gu + i * 2 * I, *u = g + I;
+    float* s = sig + i * I;
+    uint16_t* a_i = a + i * I;
+    // Two loops: in one, GCC's AVX2 code for the mixed float and 16-bit stores ran at a
+    // third of the speed (2.9 against 1.0 ns per element at m = 1360, I = 2432).
+    for (int64_t j = 0; j < I; ++j) s[j] = 1.0f / (1.0f + exp_clamped(-g[j]));
+    for (int64_t j = 0; j < I; ++j) a_i[j] = bf16_bits((g[j] * s[j]) * u[j]);
+  }
+}
+
+MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict w,
+                                              const float* __restrict gu,
+                                              const float* __restrict sig, int64_t m, int64_t I,
+                                              float* __restrict gweight, uint16_t* __restrict a,
+                                              uint16_t* __restrict drows) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float *g = gu + i * 2 * I, *u = g + I, *s = sig + i * I, *ga_i = ga + i * I;
+    uint16_t *a_i = a + i * I, *dg = drows + i * 2 * I, *du = dg + I;
+    for (int64_t j = 0; j < I; ++j) {
+      const float silu = g[j] * s[j];
+      a_i[j] = bf16_bits(silu * u[j]);
+      dg[j] = bf16_bits(((ga_i[j] * u[j]) * s[j]) * (1.0f + g[j] * (1.0f - s[j])));
+      du[j] = bf16_bits(ga_i[j] * silu);
+    }
+    if (w == nullptr) continue;
+    const float dot = dot_lanes(ga_i, a_i, I);
+    gweight[i] = std::fabs(w[i]) >= kTinyWeight ? dot / w[i] : 0.0f;
+  }
+}
+MINIMIND_NO_TRAPS_END
+MINIMIND_NO_FMA_END
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// f(first row, rows) over [0, rows) in blocks of 64 rows spread over the cores.
+void for_row_blocks(int64_t rows, const std::function<void(int64_t, int64_t)>& f) {
+  constexpr int64_t kBlock = 64;
+  run_blas_tasks((rows + kBlock - 1) / kBlock,
+                 [&](int64_t b) { f(b * kBlock, std::min(kBlock, rows - b * kBlock)); });
+}
+
+uint16_t* bits(const torch::Tensor& t) {
+  return static_cast<uint16_t*>(t.data_ptr());
+}
+
+struct DenseSwiGLUBf16 : torch::autograd::Function<DenseSwiGLUBf16> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& gate, const torch::Tensor& up,
+                               const torch::Tensor& down) {
+    const torch::Tensor x = to_bf16(x_in);                           // [N, H]
+    const torch::Tensor w_gu = to_bf16_cat({gate, up});              // [2I, H]
+    const torch::Tensor w_down = to_bf16(down, /*parameter=*/true);  // [H, I]
+    const int64_t N = x.size(0), I = gate.size(0);
+    torch::Tensor gu;  // [N, 2I] = [g | u], kept
+    in_part(StepPart::product_forward, [&] { gu = matmul(x, w_gu.t(), Precision::bf16); });
+    torch::Tensor sig = torch::empty({N, I}, gu.options());                        // kept
+    torch::Tensor a = torch::empty({N, I}, gu.options().dtype(torch::kBFloat16));  // [N, I]
+    in_part(StepPart::activation, [&] {
+      for_row_blocks(N, [&](int64_t r0, int64_t n) {
+        swiglu_forward_rows(gu.data_ptr<float>() + r0 * 2 * I, sig.data_ptr<float>() + r0 * I,
+                            bits(a) + r0 * I, n, I);
+      });
+    });
+    torch::Tensor y;  // [N, H]
+    in_part(StepPart::product_forward, [&] { y = matmul(a, w_down.t(), Precision::bf16); });
+    ctx->save_for_backward({x, gu, sig});
+    ctx->saved_data["weights"] = variable_list{w_gu, w_down};
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &gu = saved[1], &sig = saved[2];
+    const variable_list weights = ctx->saved_data["weights"].toTensorVector();
+    const torch::Tensor &w_gu = weights[0], &w_down = weights[1];
+    const int64_t N = x.size(0), I = sig.size(1);
+    const torch::Tensor gy = to_bf16(grad_out[0].contiguous());  // [N, H]
+    torch::Tensor ga;                                            // [N, I] d/da
+    in_part(StepPart::product_grad_input, [&] { ga = matmul(gy, w_down, Precision::bf16); });
+    const auto bf16 = gu.options().dtype(torch::kBFloat16);
+    torch::Tensor a = torch::empty({N, I}, bf16), drows = torch::empty({N, 2 * I}, bf16);
+    in_part(StepPart::activation, [&] {
+      for_row_blocks(N, [&](int64_t r0, int64_t n) {
+        swiglu_backward_rows(ga.data_ptr<float>() + r0 * I, nullptr,
+                             gu.data_ptr<float>() + r0 * 2 * I, sig.data_ptr<float>() + r0 * I, n,
+                             I, nullptr, bits(a) + r0 * I, bits(drows) + r0 * 2 * I);
+      });
+    });
+    torch::Tensor g_down, g_gu, gx;
+    in_part(StepPart::product_grad_weight, [&] {
+      g_down = matmul(gy.t(), a, Precision::bf16);   // [H, I]
+      g_gu = matmul(drows.t(), x, Precision::bf16);  // [2I, H]
+    });
+    in_part(StepPart::product_grad_input, [&] { gx = matmul(drows, w_gu, Precision::bf16); });
+    return {gx, g_gu.narrow(0, 0, I), g_gu.narrow(0, I, I), g_down};
+  }
+};
+
+}  // namespace
+
+torch::Tensor dense_swiglu_bf16(const torch::Tensor& x, const torch::Tensor& gate,
+                                const torch::Tensor& up, const torch::Tensor& down) {
+  TORCH_CHECK(x.dim() == 2 && gate.sizes() == up.sizes() && gate.size(1) == x.size(1) &&
+                  down.size(0) == x.size(1) && down.size(1) == gate.size(0),
+              "dense_swiglu_bf16: x [N, H], gate and up [I, H], down [H, I]");
+  return DenseSwiGLUBf16::apply(x.contiguous(), gate, up, down);
+}
+
+}  // namespace minimind
