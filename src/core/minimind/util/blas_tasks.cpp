@@ -70,4 +70,9 @@ void run_blas_tasks(int64_t n, const std::function<void(int64_t)>& task, bool si
   run_blas_tasks(order, task, side_by_side);
 }
 
+void run_row_blocks(int64_t rows, int64_t block, const std::function<void(int64_t, int64_t)>& f) {
+  run_blas_tasks((rows + block - 1) / block,
+                 [&](int64_t b) { f(b * block, std::min(block, rows - b * block)); });
+}
+
 }  // namespace minimind

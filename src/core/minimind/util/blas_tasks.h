@@ -32,6 +32,10 @@ void run_blas_tasks(const std::vector<int64_t>& order, const std::function<void(
 // task(0) .. task(n - 1), taken in that order (tasks of about equal size).
 void run_blas_tasks(int64_t n, const std::function<void(int64_t)>& task, bool side_by_side = true);
 
+// f(first row, rows) over [0, rows) in blocks of `block` rows, the blocks as tasks of
+// run_blas_tasks (side by side over the cores, or in order on the calling thread).
+void run_row_blocks(int64_t rows, int64_t block, const std::function<void(int64_t, int64_t)>& f);
+
 // Whether run_blas_tasks(..., side_by_side) runs its tasks one after another on the calling
 // thread, in the order given (inside a task, a shard, or with a one-thread OpenBLAS).
 bool blas_tasks_serial(bool side_by_side = true);

@@ -70,8 +70,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                .permute({0, 2, 1, 3, 4})
                                .reshape({B, kv, T * rep, d});                // [B, kv, T*rep, d]
   const torch::Tensor kt = k.permute({0, 2, 3, 1}), vt = v.transpose(1, 2);  // [B, kv, d|T, T|d]
-  if (product_settings().precision == Precision::bf16 && q.scalar_type() == torch::kFloat32 &&
-      torch::GradMode::is_enabled() && (dropout == 0 || !training)) {
+  if (bf16_training_node(q) && (dropout == 0 || !training)) {
     // bf16 training: one node for scores, mask, softmax and the product with v.
     const torch::Tensor out = causal_attention_bf16(qg.reshape({B * kv, T * rep, d}),
                                                     k.transpose(1, 2).reshape({B * kv, T, d}),

@@ -14,9 +14,7 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t intermediate_size)
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  const Precision p = product_settings().precision;
-  if (p == Precision::bf16 && x.scalar_type() == torch::kFloat32 && torch::GradMode::is_enabled() &&
-      products_leave_aten(p)) {
+  if (bf16_training_node(x)) {
     // bf16 training: one node, the SwiGLU fused between its products (swiglu_bf16.h).
     return dense_swiglu_bf16(x.reshape({-1, x.size(-1)}), gate_proj->weight, up_proj->weight,
                              down_proj->weight)

@@ -24,6 +24,14 @@ inline torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w) {
   return project(x, w, product_settings().precision);
 }
 
+// Whether bf16 training's own nodes (attention, feed-forward, head and loss) take the float32
+// activation x: products in bf16 and gradients on. Evaluation and generation, and float64,
+// keep the plain forms.
+inline bool bf16_training_node(const torch::Tensor& x) {
+  return product_settings().precision == Precision::bf16 && x.scalar_type() == torch::kFloat32 &&
+         torch::GradMode::is_enabled();
+}
+
 // a [..., M, K] @ b [..., K, N] with equal leading dimensions (attention's two products).
 torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b);
 

@@ -65,17 +65,6 @@ void apply_expert_parallel(MiniMindForCausalLM& model, ExpertExchange& exchange)
     if (block->moe_mlp) block->moe_mlp->keep_expert_shard(exchange);
 }
 
-namespace {
-
-// Whether the head and the loss run as one node: bf16 training off ATen's products.
-bool head_and_loss_fused(const torch::Tensor& h) {
-  const Precision p = product_settings().precision;
-  return p == Precision::bf16 && h.scalar_type() == torch::kFloat32 &&
-         torch::GradMode::is_enabled() && products_leave_aten(p);
-}
-
-}  // namespace
-
 torch::Tensor MiniMindForCausalLMImpl::lm_head_weight() const {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
@@ -117,7 +106,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   h = model->norm(h);
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, h.options());
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, h.options());
-  if (labels.defined() && !o.logits && head_and_loss_fused(h)) {
+  if (labels.defined() && !o.logits && bf16_training_node(h)) {
     // bf16 training: the logits are formed inside the loss, and not kept.
     out.loss = o.shard ? head_next_token_loss_bf16(h, lm_head_weight(), labels, /*mean=*/false) /
                              static_cast<double>(o.shard->targets)
@@ -130,6 +119,8 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
     out.loss = o.shard ? next_token_loss(out.logits, labels, /*mean=*/false) /
                              static_cast<double>(o.shard->targets)
                        : next_token_loss(out.logits, labels);
+    // The loss keeps what its backward needs: without a reader, [B, T, V] floats go now.
+    if (!o.logits) out.logits = torch::Tensor();
   }
   return out;
 }

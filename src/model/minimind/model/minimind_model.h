@@ -61,8 +61,9 @@ struct ForwardOptions {
   // false: stop after the blocks (no logits or loss; the routing analysis only reads the
   // routers, and the LM head is about half of a tiny model's work)
   bool head = true;
-  // false: the caller reads only the losses (training), so bf16 training may form the logits
-  // inside the loss without keeping them (head_next_token_loss_bf16); logits stay undefined.
+  // false: the caller reads only the losses (training): logits stay undefined, their buffer
+  // freed as soon as the loss is formed, and bf16 training forms them inside the loss
+  // (head_next_token_loss_bf16).
   bool logits = true;
   // The inputs are some rows of a micro-batch trained in shards side by side (batch_shard.h):
   // the losses are this shard's part of the micro-batch's (they add up over the shards).

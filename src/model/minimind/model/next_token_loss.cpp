@@ -15,20 +15,15 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kIgnore = -100;
 
-// f(first row, rows) over [0, rows) in blocks of `block` rows (512 unless told), the blocks
-// spread over the cores (run_blas_tasks): the log-softmax over 6,400 words and its backward's
-// exp are the largest single-threaded ops of a step (torch runs one intra-op thread, see
-// compute_plan.h). Measured on the 2-core VM (minimind-bench --preset dense --profile): the
-// backward 17 -> 10 ms; the log-softmax ~31 ms either way (two blocks at once each ran at half
-// the speed of one alone: this VM's two cores share more than they should; a real pair would
-// halve it). Each row's numbers are the same in any block: blocks start at a multiple of 512
-// rows, so ATen's vectorised loops split every block into the same vectors as the whole.
-void for_row_blocks(int64_t rows, const std::function<void(int64_t, int64_t)>& f,
-                    int64_t block = 512) {
-  std::vector<int64_t> blocks;
-  for (int64_t b = 0; b * block < rows; ++b) blocks.push_back(b);
-  run_blas_tasks(blocks, [&](int64_t b) { f(b * block, std::min(block, rows - b * block)); });
-}
+// The loss's passes over [B*T, V] run in row blocks over the cores (run_row_blocks): the
+// log-softmax over 6,400 words and its backward's exp are the largest single-threaded ops of
+// a step (torch runs one intra-op thread, see compute_plan.h). Measured on the 2-core VM
+// (minimind-bench --preset dense --profile): the backward 17 -> 10 ms; the log-softmax ~31 ms
+// either way (two blocks at once each ran at half the speed of one alone: this VM's two cores
+// share more than they should; a real pair would halve it). Each row's numbers are the same
+// in any block: blocks start at a multiple of 512 (or 32) rows, so ATen's vectorised loops
+// split every block into the same vectors as the whole.
+constexpr int64_t kRowBlock = 512;
 
 // What the loss's backward needs from its forward.
 struct LossSaved {
@@ -40,7 +35,7 @@ struct LossSaved {
 LossSaved log_softmax_nll(const torch::Tensor& flat, torch::Tensor lsm, const torch::Tensor& labels,
                           bool mean) {
   const int64_t B = labels.size(0), T = labels.size(1), V = flat.size(1);
-  for_row_blocks(B * T, [&](int64_t r0, int64_t n) {
+  run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
     torch::Tensor out = lsm.narrow(0, r0, n);
     at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
   });
@@ -94,7 +89,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     const torch::Tensor v =
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool());
     const torch::Tensor minus_v = v.neg();
-    for_row_blocks(B * T, [&](int64_t r0, int64_t n) {
+    run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
       grad.narrow(0, r0, n).exp_().mul_(minus_v);  // -(exp(lsm) * v), [n, V]
     });
     torch::Tensor rows = grad.view({B, T, V}).narrow(1, 0, T - 1);  // [B, T-1, V]
@@ -140,22 +135,20 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
     const bool* is_counted = counted_c.data_ptr<bool>();  // [B, T-1]
     torch::Tensor gb = torch::empty({B * T, V}, lsm.options().dtype(torch::kBFloat16));
     auto* gb_bits = static_cast<uint16_t*>(gb.data_ptr());
-    for_row_blocks(
-        B * T,
-        [&](int64_t r0, int64_t n) {
-          float* g = lsm.narrow(0, r0, n).exp_().mul_(minus_v).data_ptr<float>();  // [n, V]
-          for (int64_t r = r0; r < r0 + n; ++r, g += V) {
-            const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
-            // The last position predicts nothing; an ignored label's row is zero.
-            if (t == T - 1 || !is_counted[at]) {
-              std::fill(g, g + V, 0.0f);
-            } else {
-              g[label[at]] += v_value;
-            }
-            round_to_bf16(g, gb_bits + r * V, V);
-          }
-        },
-        /*block=*/32);
+    // 32 rows (800 KB at V = 6,400) at a time, while in cache.
+    run_row_blocks(B * T, 32, [&](int64_t r0, int64_t n) {
+      float* g = lsm.narrow(0, r0, n).exp_().mul_(minus_v).data_ptr<float>();  // [n, V]
+      for (int64_t r = r0; r < r0 + n; ++r, g += V) {
+        const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
+        // The last position predicts nothing; an ignored label's row is zero.
+        if (t == T - 1 || !is_counted[at]) {
+          std::fill(g, g + V, 0.0f);
+        } else {
+          g[label[at]] += v_value;
+        }
+        round_to_bf16(g, gb_bits + r * V, V);
+      }
+    });
     torch::Tensor gh, gw;
     in_part(StepPart::product_grad_input, [&] { gh = matmul(gb, ws, Precision::bf16); });
     in_part(StepPart::product_grad_weight, [&] { gw = matmul(gb.t(), hs, Precision::bf16); });

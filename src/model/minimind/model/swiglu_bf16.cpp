@@ -52,12 +52,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// f(first row, rows) over [0, rows) in blocks of 64 rows spread over the cores.
-void for_row_blocks(int64_t rows, const std::function<void(int64_t, int64_t)>& f) {
-  constexpr int64_t kBlock = 64;
-  run_blas_tasks((rows + kBlock - 1) / kBlock,
-                 [&](int64_t b) { f(b * kBlock, std::min(kBlock, rows - b * kBlock)); });
-}
+// The SwiGLU loops run over blocks of this many rows spread over the cores.
+constexpr int64_t kRowBlock = 64;
 
 uint16_t* bits(const torch::Tensor& t) {
   return static_cast<uint16_t*>(t.data_ptr());
@@ -76,7 +72,7 @@ struct DenseSwiGLUBf16 : torch::autograd::Function<DenseSwiGLUBf16> {
     torch::Tensor sig = torch::empty({N, I}, gu.options());                        // kept
     torch::Tensor a = torch::empty({N, I}, gu.options().dtype(torch::kBFloat16));  // [N, I]
     in_part(StepPart::activation, [&] {
-      for_row_blocks(N, [&](int64_t r0, int64_t n) {
+      run_row_blocks(N, kRowBlock, [&](int64_t r0, int64_t n) {
         swiglu_forward_rows(gu.data_ptr<float>() + r0 * 2 * I, sig.data_ptr<float>() + r0 * I,
                             bits(a) + r0 * I, n, I);
       });
@@ -100,7 +96,7 @@ struct DenseSwiGLUBf16 : torch::autograd::Function<DenseSwiGLUBf16> {
     const auto bf16 = gu.options().dtype(torch::kBFloat16);
     torch::Tensor a = torch::empty({N, I}, bf16), drows = torch::empty({N, 2 * I}, bf16);
     in_part(StepPart::activation, [&] {
-      for_row_blocks(N, [&](int64_t r0, int64_t n) {
+      run_row_blocks(N, kRowBlock, [&](int64_t r0, int64_t n) {
         swiglu_backward_rows(ga.data_ptr<float>() + r0 * I, nullptr,
                              gu.data_ptr<float>() + r0 * 2 * I, sig.data_ptr<float>() + r0 * I, n,
                              I, nullptr, bits(a) + r0 * I, bits(drows) + r0 * 2 * I);

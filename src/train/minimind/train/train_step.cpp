@@ -356,7 +356,6 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     ForwardOptions fo;
     fo.logits = false;
     ForwardOutput out = model(batch.input_ids, batch.labels, fo);
-    out.logits = torch::Tensor();  // [B, T, V], read by nobody
     scope.add_to(out, batch.input_ids.numel());
     s.forward_seconds += forward_clock.seconds();
     if (probe) probe->add((out.aux_loss + out.z_loss) / A);
