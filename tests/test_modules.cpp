@@ -80,6 +80,42 @@ TEST(RMSNorm, FusedBackwardEqualsAutogradOfTheFormula) {
   }
 }
 
+// bf16 training's one-pass forward against the formula's ATen ops: the output within float
+// rounding (its sum of squares adds in another order); the gradients are the same backward's.
+// With rounded_copy, to_bf16 of the output (or of a contiguous reshape, as the products take
+// it) is the output rounded element by element, also after the copy was handed over; once
+// the output changes in place, to_bf16 rounds the new numbers.
+TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
+  const ComputeScope bf16(test::test_plan(Precision::bf16, MatmulBackend::onednn, 2));
+  torch::manual_seed(9);
+  for (const int64_t H : {256, 32, 37}) {
+    SCOPED_TRACE("H " + std::to_string(H));
+    const torch::Tensor x0 = 3 * torch::randn({4, 50, H}), w0 = 1 + 0.1 * torch::randn({H});
+    torch::Tensor xa = x0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
+    torch::Tensor xb = x0.clone().requires_grad_(), wb = w0.clone().requires_grad_();
+    const torch::Tensor want = wa * (xa * torch::rsqrt(xa.pow(2).mean(-1, true) + 1e-5));
+    torch::Tensor got = rms_norm(xb, wb, 1e-5, /*rounded_copy=*/true);
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
+        << "max |difference| " << (got - want).abs().max().item<float>();
+    EXPECT_FALSE(torch::equal(got, want)) << "the one-pass forward did not run";
+    const torch::Tensor rounded = got.detach().to(torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(to_bf16(got.reshape({-1, H})), rounded.reshape({-1, H})));
+    EXPECT_TRUE(torch::equal(to_bf16(got), rounded));
+    const torch::Tensor g = torch::randn({4, 50, H});
+    want.backward(g);
+    got.backward(g);
+    EXPECT_TRUE(torch::allclose(xb.grad(), xa.grad(), 1e-5, 1e-5))
+        << "max |difference| " << (xb.grad() - xa.grad()).abs().max().item<float>();
+    EXPECT_TRUE(torch::allclose(wb.grad(), wa.grad(), 1e-5, 1e-4))
+        << "max |difference| " << (wb.grad() - wa.grad()).abs().max().item<float>();
+    {
+      const torch::NoGradGuard no_grad;
+      got.mul_(2);  // a new version: the handed-over copy no longer holds
+    }
+    EXPECT_TRUE(torch::equal(to_bf16(got), got.detach().to(torch::kBFloat16)));
+  }
+}
+
 TEST(Rope, RotatesDimensionPairsHalfAWidthApartByPositionTimesFrequency) {
   // head_dim 4, theta 100: frequencies 1 and 100^(-2/4) = 0.1. Rotate-half pairs dimension
   // i with i + 2: (x0, x2) turns by p radians, (x1, x3) by 0.1 p.
@@ -395,6 +431,43 @@ TEST(NextTokenLoss, Bf16HeadAndLossNodeEqualsProductThenLossBitForBit) {
       EXPECT_GT(std::abs(next_token_loss(project(h0, w0), labels, mean).item<float>() -
                          got.item<float>()),
                 0.0f);
+    }
+  }
+}
+
+// bf16 training's loss runs loops of its own (an AVX-512 e^x) where fp32, evaluation and
+// generation run ATen's log-softmax and its backward: the same loss and logits' gradient
+// within 1e-5 relative (e^x to about 2 ulp against Sleef's 1; the log-probabilities of
+// 3-sigma logits are off by a few ulp of their magnitude), on a row length that is a
+// multiple of the 16 lanes and one that is not, with ignored labels and mean or sum.
+TEST(NextTokenLoss, Bf16TrainingLoopsMatchAtenWithinTolerance) {
+  for (const int64_t V : {6400, 1001}) {
+    for (const bool mean : {true, false}) {
+      SCOPED_TRACE("V " + std::to_string(V) + (mean ? " mean" : " sum"));
+      torch::manual_seed(8);
+      const int64_t B = 2, T = 37;
+      const torch::Tensor logits0 = 3 * torch::randn({B, T, V});
+      torch::Tensor labels = torch::randint(0, V, {B, T}, torch::kLong);  // [B, T]
+      labels[0][5] = -100, labels[1][T - 2] = -100;
+      torch::Tensor a = logits0.clone().requires_grad_(), b = logits0.clone().requires_grad_();
+      torch::Tensor want, got;
+      {
+        const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, 2));
+        want = next_token_loss(a, labels, mean);  // ATen's
+      }
+      {
+        const ComputeScope bf16(test::test_plan(Precision::bf16, MatmulBackend::onednn, 2));
+        got = next_token_loss(b, labels, mean);  // the own loops
+      }
+      EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-5 * std::abs(want.item<float>()));
+      (want * 1.7).backward();
+      (got * 1.7).backward();
+      EXPECT_TRUE(torch::allclose(b.grad(), a.grad(), /*rtol=*/1e-5, /*atol=*/1e-30))
+          << "max |difference| " << (a.grad() - b.grad()).abs().max().item<float>() << " of "
+          << a.grad().abs().max().item<float>();
+      EXPECT_FALSE(torch::equal(a.grad(), b.grad())) << "the own loops did not run";
+      EXPECT_TRUE(b.grad().select(1, T - 1).eq(0).all().item<bool>());  // predicts nothing
+      EXPECT_TRUE(b.grad()[0][4].eq(0).all().item<bool>());             // its label is ignored
     }
   }
 }

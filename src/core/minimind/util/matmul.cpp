@@ -314,13 +314,17 @@ namespace {
 // The last activation this thread rounded, and its copy: q, k and v (the feed-forward's gate
 // and up) project the same input, which is then rounded once instead of three times (twice).
 // The source is kept (detached: its storage, not its graph), so a hit is the same memory,
-// the same view of it (sizes, strides, offset) and the same version: the same numbers.
+// the same view of it (sizes, strides, offset) or a contiguous reshape of a contiguous source
+// (the same elements in the same order), and the same version: the same numbers.
 struct LastRounded {
   torch::Tensor source, copy;
   int64_t version = -1;
   bool matches(const torch::Tensor& x) const {
-    return source.defined() && source.data_ptr() == x.data_ptr() && source.sizes() == x.sizes() &&
-           source.strides() == x.strides() && version == static_cast<int64_t>(x._version());
+    if (!source.defined() || source.data_ptr() != x.data_ptr() ||
+        version != static_cast<int64_t>(x._version()))
+      return false;
+    if (source.sizes() == x.sizes() && source.strides() == x.strides()) return true;
+    return source.is_contiguous() && x.is_contiguous() && source.numel() == x.numel();
   }
 };
 thread_local LastRounded last_rounded;
@@ -334,10 +338,18 @@ torch::Tensor to_bf16(const torch::Tensor& x, bool parameter) {
               x.scalar_type());
   if (parameter) return bf16_copies().get({x});
   if (x.is_inference()) return round_tensor_to_bf16(x);  // no version counter to check
-  if (last_rounded.matches(x)) return last_rounded.copy;
+  if (last_rounded.matches(x)) return last_rounded.copy.view(x.sizes());
   torch::Tensor copy = round_tensor_to_bf16(x);
-  last_rounded = {x.detach(), copy, static_cast<int64_t>(x._version())};
+  remember_bf16(x, copy);
   return copy;
+}
+
+void remember_bf16(const torch::Tensor& x, const torch::Tensor& copy) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && copy.scalar_type() == torch::kBFloat16 &&
+                  copy.sizes() == x.sizes() && copy.is_contiguous(),
+              "remember_bf16: a float32 tensor and its contiguous bfloat16 copy");
+  if (x.is_inference()) return;  // no version counter to check
+  last_rounded = {x.detach(), copy, static_cast<int64_t>(x._version())};
 }
 
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {

@@ -68,6 +68,10 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
 // parameter changes (its version counter moves: an optimizer step) or is freed, so a step
 // rounds each weight once.
 torch::Tensor to_bf16(const torch::Tensor& x, bool parameter = false);
+// Hands to_bf16 the copy of x that an op rounded as it wrote x (bf16 training's RMSNorm):
+// to_bf16 of x, or of a contiguous reshape of it, then returns that copy while x is
+// unchanged. copy must equal x rounded element by element.
+void remember_bf16(const torch::Tensor& x, const torch::Tensor& copy);
 // The parameters [r_i, C] float32 stacked along their rows and rounded to bfloat16:
 // [sum r_i, C], kept until one of them changes or is freed (an expert's gate and up
 // weights, for one product over both).

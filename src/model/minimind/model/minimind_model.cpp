@@ -10,9 +10,11 @@ namespace minimind {
 
 MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer) {
   self_attn = register_module("self_attn", Attention(cfg));
-  input_layernorm = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+  input_layernorm = register_module(
+      "input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
   post_attention_layernorm =
-      register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+      register_module("post_attention_layernorm",
+                      RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
   if (cfg.use_moe) {
     moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, layer)));
   } else {
@@ -42,7 +44,7 @@ MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropo
     blocks.emplace_back(cfg, i);
     layers->push_back(blocks.back());
   }
-  norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps));
+  norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
   rope = make_rotary_tables(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta);
 }
 

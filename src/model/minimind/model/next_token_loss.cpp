@@ -1,8 +1,13 @@
 #include "minimind/model/next_token_loss.h"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
+#include "minimind/model/linear.h"
+#include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/step_part.h"
 
@@ -25,6 +30,46 @@ constexpr int64_t kIgnore = -100;
 // split every block into the same vectors as the whole.
 constexpr int64_t kRowBlock = 512;
 
+// bf16 training's log-softmax and its backward: the formulas of ATen's kernels, in loops of
+// our own. Why: ATen 1.13 as Debian builds it runs e^x through Sleef's AVX2 code even on an
+// AVX-512 CPU, in three passes over [B*T, V] floats each way; these run e^x in AVX-512
+// (exp_clamped, about 2 ulp where Sleef's is 1) and form each row's bf16 gradient in one
+// pass. Only bf16 training takes them (OwnKernels): its products already round far more
+// than this; fp32, evaluation and generation keep ATen's numbers.
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_NO_TRAPS_BEGIN
+// out = (x - max) - log(sum(e^(x - max))) per row of V; out may be x.
+MINIMIND_CPU_CLONES void log_softmax_rows(const float* x, float* out, int64_t rows, int64_t V) {
+  for (int64_t r = 0; r < rows; ++r, x += V, out += V) {
+    const float mx = max_lanes(x, V);
+    const float log_sum = std::log(sum_exp_lanes(x, V, mx));
+#pragma GCC ivdep  // out is x or apart from it: each element is read before it is written
+    for (int64_t j = 0; j < V; ++j) out[j] = (x[j] - mx) - log_sum;
+  }
+}
+
+// One row of the loss's gradient from its log-probabilities: e^lsm * minus_v, plus v at the
+// label (nll_loss's and log_softmax's backward, as NextTokenLoss forms them with ATen's
+// ops); a row of zeros for label < 0 (the last position, or an ignored label). out may be
+// lsm. With out_bf16, the row is also rounded to bf16 there.
+MINIMIND_CPU_CLONES void loss_gradient_row(const float* lsm, float* out, uint16_t* out_bf16,
+                                           int64_t V, int64_t label, float minus_v, float v) {
+  if (label < 0) {
+    std::fill(out, out + V, 0.0f);
+  } else {
+#pragma GCC ivdep  // out is lsm or apart from it
+    for (int64_t j = 0; j < V; ++j) out[j] = exp_clamped(lsm[j]) * minus_v;
+    out[label] += v;
+  }
+  if (out_bf16)
+    for (int64_t j = 0; j < V; ++j) out_bf16[j] = bf16_bits(out[j]);
+}
+MINIMIND_NO_TRAPS_END
+MINIMIND_NO_FMA_END
+
+// Whether a loss takes the loops above: in bf16 training (see bf16_training_node).
+enum class Kernels : bool { aten, own };
+
 // What the loss's backward needs from its forward.
 struct LossSaved {
   torch::Tensor loss, safe, counted, total_weight;  // [], [B, T-1] x2, []
@@ -33,11 +78,14 @@ struct LossSaved {
 // The loss from flat logits [B*T, V], overwritten by their log-probabilities (lsm may be
 // logits itself: each row is read whole before it is written).
 LossSaved log_softmax_nll(const torch::Tensor& flat, torch::Tensor lsm, const torch::Tensor& labels,
-                          bool mean) {
+                          bool mean, Kernels kernels) {
   const int64_t B = labels.size(0), T = labels.size(1), V = flat.size(1);
   run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
     torch::Tensor out = lsm.narrow(0, r0, n);
-    at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
+    if (kernels == Kernels::own)
+      log_softmax_rows(flat.data_ptr<float>() + r0 * V, out.data_ptr<float>(), n, V);
+    else
+      at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
   });
   const torch::Tensor targets = labels.narrow(1, 1, T - 1);                  // [B, T-1]
   const torch::Tensor counted = targets != kIgnore;                          // [B, T-1]
@@ -69,14 +117,41 @@ void save(AutogradContext* ctx, const LossSaved& s, const torch::Tensor& lsm, bo
   ctx->saved_data["mean"] = mean;
 }
 
+// The gradient of rows [r0, r0 + n) of lsm [B*T, V] with the own loops: in place in lsm
+// (bf16 == nullptr), or rounded into bf16 [B*T, V] through a row in cache (lsm unchanged).
+// label, is_counted: [B, T-1].
+void own_loss_gradient(const torch::Tensor& lsm, uint16_t* bf16, int64_t r0, int64_t n,
+                       const int64_t* label, const bool* is_counted, int64_t T, float v) {
+  const int64_t V = lsm.size(1);
+  std::vector<float> row(bf16 ? static_cast<size_t>(V) : 0);
+  float* in = lsm.data_ptr<float>() + r0 * V;
+  for (int64_t r = r0; r < r0 + n; ++r, in += V) {
+    const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
+    // The last position predicts nothing; an ignored label's row is zero.
+    const int64_t target = t == T - 1 || !is_counted[at] ? -1 : label[at];
+    loss_gradient_row(in, bf16 ? row.data() : in, bf16 ? bf16 + r * V : nullptr, V, target, -v, v);
+  }
+}
+
+// The labels as the own loops read them: contiguous [B, T-1] copies and their pointers.
+struct LabelRows {
+  torch::Tensor safe, counted;
+  LabelRows(const torch::Tensor& safe_labels, const torch::Tensor& counted_labels)
+      : safe(safe_labels.contiguous()), counted(counted_labels.contiguous()) {}
+  const int64_t* label() const { return safe.data_ptr<int64_t>(); }
+  const bool* is_counted() const { return counted.data_ptr<bool>(); }
+};
+
 struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& labels, bool mean) {
+                               const torch::Tensor& labels, bool mean, bool own_kernels) {
     const int64_t V = logits.size(2);
     const torch::Tensor flat = logits.reshape({-1, V});
     torch::Tensor lsm = torch::empty_like(flat);  // [B*T, V]
-    const LossSaved s = log_softmax_nll(flat, lsm, labels, mean);
+    const LossSaved s =
+        log_softmax_nll(flat, lsm, labels, mean, own_kernels ? Kernels::own : Kernels::aten);
     save(ctx, s, lsm, mean);
+    ctx->saved_data["own"] = own_kernels;
     return s.loss;
   }
 
@@ -88,6 +163,14 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     const int64_t B = safe.size(0), T = safe.size(1) + 1, V = grad.size(1);
     const torch::Tensor v =
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool());
+    if (ctx->saved_data["own"].toBool()) {
+      const LabelRows rows(safe, counted);
+      const float v_value = v.item<float>();
+      run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
+        own_loss_gradient(grad, nullptr, r0, n, rows.label(), rows.is_counted(), T, v_value);
+      });
+      return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     const torch::Tensor minus_v = v.neg();
     run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
       grad.narrow(0, r0, n).exp_().mul_(minus_v);  // -(exp(lsm) * v), [n, V]
@@ -96,16 +179,16 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     rows.scatter_add_(2, safe.unsqueeze(-1), v.expand({B, T - 1, 1}));
     grad.view({B, T, V}).select(1, T - 1).zero_();  // the last position predicts nothing
     if (!counted.all().item<bool>()) rows.masked_fill_(counted.logical_not().unsqueeze(-1), 0);
-    return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor()};
+    return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 // The head's product and the loss as one node in bf16: logits [B*T, V] = bf16(h) @ bf16(w)^T
-// with fp32 sums (as project() computes them), the loss as NextTokenLoss, and a backward that
-// forms the logits' gradient block by block, 32 rows (800 KB at V = 6,400) at a time while in
-// cache, rounding it to bf16 as it goes: the same numbers as NextTokenLoss's gradient rounded
-// by the head's product, without two more passes over [B*T, V] floats. The log-probabilities
-// overwrite the logits, which nobody reads in training.
+// with fp32 sums (as project() computes them), the loss as NextTokenLoss with the own loops,
+// and a backward that forms each row of the logits' gradient in cache and rounds it to bf16
+// as it goes: the same numbers as NextTokenLoss's gradient rounded by the head's product,
+// without writing [B*T, V] floats back. The log-probabilities overwrite the logits, which
+// nobody reads in training.
 struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
@@ -113,7 +196,7 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
     const torch::Tensor ws = to_bf16(w, /*parameter=*/true);        // [V, H]
     torch::Tensor logits;                                           // [B*T, V]
     in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), Precision::bf16); });
-    const LossSaved s = log_softmax_nll(logits, logits, labels, mean);
+    const LossSaved s = log_softmax_nll(logits, logits, labels, mean, Kernels::own);
     save(ctx, s, logits, mean, {hs, ws});
     ctx->saved_data["h_shape"] = h.sizes().vec();
     return s.loss;
@@ -122,32 +205,17 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const StepScope part(StepPart::loss);
     const variable_list saved = ctx->get_saved_variables();
-    torch::Tensor lsm = saved[0];  // [B*T, V], overwritten as the gradient is formed
+    const torch::Tensor& lsm = saved[0];  // [B*T, V]
     const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
     const torch::Tensor &hs = saved[4], &ws = saved[5];
     const int64_t B = safe.size(0), T = safe.size(1) + 1, V = lsm.size(1);
-    const torch::Tensor v =
-        label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool());
-    const torch::Tensor minus_v = v.neg();
-    const float v_value = v.item<float>();
-    const torch::Tensor safe_c = safe.contiguous(), counted_c = counted.contiguous();
-    const int64_t* label = safe_c.data_ptr<int64_t>();    // [B, T-1]
-    const bool* is_counted = counted_c.data_ptr<bool>();  // [B, T-1]
+    const float v =
+        label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool()).item<float>();
+    const LabelRows rows(safe, counted);
     torch::Tensor gb = torch::empty({B * T, V}, lsm.options().dtype(torch::kBFloat16));
     auto* gb_bits = static_cast<uint16_t*>(gb.data_ptr());
-    // 32 rows (800 KB at V = 6,400) at a time, while in cache.
     run_row_blocks(B * T, 32, [&](int64_t r0, int64_t n) {
-      float* g = lsm.narrow(0, r0, n).exp_().mul_(minus_v).data_ptr<float>();  // [n, V]
-      for (int64_t r = r0; r < r0 + n; ++r, g += V) {
-        const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
-        // The last position predicts nothing; an ignored label's row is zero.
-        if (t == T - 1 || !is_counted[at]) {
-          std::fill(g, g + V, 0.0f);
-        } else {
-          g[label[at]] += v_value;
-        }
-        round_to_bf16(g, gb_bits + r * V, V);
-      }
+      own_loss_gradient(lsm, gb_bits, r0, n, rows.label(), rows.is_counted(), T, v);
     });
     torch::Tensor gh, gw;
     in_part(StepPart::product_grad_input, [&] { gh = matmul(gb, ws, Precision::bf16); });
@@ -163,7 +231,9 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(1) >= 2,
               "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
   const StepScope part(StepPart::loss);
-  return NextTokenLoss::apply(logits.contiguous(), labels, mean);
+  // bf16 training takes the own loops (as head_next_token_loss_bf16 does), the rest ATen's.
+  return NextTokenLoss::apply(logits.contiguous(), labels, mean,
+                              logits.requires_grad() && bf16_training_node(logits));
 }
 
 torch::Tensor head_next_token_loss_bf16(const torch::Tensor& h, const torch::Tensor& w,

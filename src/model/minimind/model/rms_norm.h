@@ -13,20 +13,29 @@ namespace minimind {
 // rsqrt, two products and their backwards, 17 calls per forward of the model). The
 // gradients agree with autograd's to float rounding (tested); the weight's gradient is
 // summed over rows in double. Other dtypes take the plain formula through autograd.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// In bf16 training (bf16_training_node) the forward is one pass of its own instead, within
+// float rounding of the formula's; with rounded_copy, where the output feeds bf16 products,
+// that pass also rounds it to bf16 and hands the copy to to_bf16 (remember_bf16).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                       bool rounded_copy = false);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  // rounded_copy: the output is the input of matrix products (see rms_norm).
+  RMSNormImpl(int64_t dim, double eps, bool rounded_copy = false)
+      : eps_(eps), rounded_copy_(rounded_copy) {
     weight = register_parameter("weight", torch::ones({dim}));
   }
 
-  torch::Tensor forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }  // [..., dim]
+  torch::Tensor forward(const torch::Tensor& x) {  // [..., dim]
+    return rms_norm(x, weight, eps_, rounded_copy_);
+  }
 
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool rounded_copy_;
 };
 TORCH_MODULE(RMSNorm);
 

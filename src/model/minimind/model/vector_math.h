@@ -1,7 +1,8 @@
 // Small pieces of arithmetic written so that the loops calling them vectorise: e^x (libm's
 // expf is one value per call) and reductions over a row in kLanes partial results (a single
 // running sum or maximum is a chain of dependent operations that does not vectorise). For the
-// bf16 experts' SwiGLU and the bf16 attention's softmax. Internal to the model library.
+// bf16 experts' SwiGLU, the bf16 attention's softmax and bf16 training's loss. Internal to the
+// model library.
 #pragma once
 
 #include <cstdint>
@@ -86,6 +87,17 @@ __attribute__((always_inline)) inline float sum_lanes(const float* x, int64_t n)
     for (int64_t l = 0; l < kLanes; ++l) lanes[l] += x[j0 + l];
   float sum = 0;
   for (int64_t j = j0; j < n; ++j) sum += x[j];
+  for (float l : lanes) sum += l;
+  return sum;
+}
+// sum(e^(x[j] - shift)) over j < n, in the order sum_lanes adds (the loss's log-softmax).
+__attribute__((always_inline)) inline float sum_exp_lanes(const float* x, int64_t n, float shift) {
+  float lanes[kLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += exp_clamped(x[j0 + l] - shift);
+  float sum = 0;
+  for (int64_t j = j0; j < n; ++j) sum += exp_clamped(x[j] - shift);
   for (float l : lanes) sum += l;
   return sum;
 }
