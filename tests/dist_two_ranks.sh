@@ -95,7 +95,11 @@ grep -q "matrix products in bf16" "$WORK/moelab-bf16-2x4.log" || { echo "FAIL: n
 # Measured (2026-12-02, bias update off): loss 9.8e-5, weights 1.1e-2 relative, 7.9 % of a
 # step's assignments routed differently (near-ties fall either way once weights differ in
 # bf16's last bits; the routing weights' gradient carries bf16 rounding as autocast's does,
-# routed_experts_bf16.cpp); fp32 above: 1e-5 and equal counts.
+# routed_experts_bf16.cpp); fp32 above: 1e-5 and equal counts. The largest step's share is
+# chaotic, so the check is on the mean over the 24 (step, layer) records, with a loose bound
+# on the largest. Measured 2026-12-05 (0e94f9e / d40befc): seed 5 mean 1.7 % / under 1 %,
+# largest 17 % (one layer, step 11) / 1.4 %; seeds 6 and 7 largest 1.0 and 3.5 % / 2.9 and
+# 7.2 %: no build is consistently closer. A real batch-split error moves far more.
 "$PY" - "$WORK/moelab-bf16-1x8" "$WORK/moelab-bf16-2x4" <<'PY'
 import json, sys, glob, torch
 a, b = sys.argv[1], sys.argv[2]
@@ -109,11 +113,14 @@ lb = [m["loss"] for m in L(b, "metrics.jsonl") if m["split"] == "train"]
 dl = max(abs(x - y) for x, y in zip(la, lb))
 ca = [r for r in L(a, "expert_load.jsonl") if r["split"] == "train"]
 cb = [r for r in L(b, "expert_load.jsonl") if r["split"] == "train"]
-moved = max(sum(abs(p - q) for p, q in zip(x["counts"], y["counts"])) / 2 / sum(x["counts"]) for x, y in zip(ca, cb))
+shares = [sum(abs(p - q) for p, q in zip(x["counts"], y["counts"])) / 2 / sum(x["counts"]) for x, y in zip(ca, cb)]
+moved, mean_moved = max(shares), sum(shares) / len(shares)
 print(f"bf16 1x8 vs 2x4: {len(la)} steps, max |train loss diff| {dl:.3g} (tolerance 1e-3), "
-      f"max relative weight diff {dw:.3g} (tolerance 5e-2), largest share of a step's "
-      f"assignments routed differently {moved:.3g} (tolerance 0.15)")
-assert len(la) == len(lb) == 12 and dl <= 1e-3 and dw <= 5e-2 and moved <= 0.15
+      f"max relative weight diff {dw:.3g} (tolerance 5e-2), share of assignments routed "
+      f"differently: mean over steps and layers {mean_moved:.3g} (tolerance 0.05), "
+      f"largest {moved:.3g} (tolerance 0.3)")
+assert len(la) == len(lb) == 12 and dl <= 1e-3 and dw <= 5e-2
+assert mean_moved <= 0.05 and moved <= 0.3
 PY
 one moeaux moeaux-1x8
 two moeaux moeaux-2x4
