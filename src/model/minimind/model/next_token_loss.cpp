@@ -34,7 +34,7 @@ constexpr int64_t kRowBlock = 512;
 // our own. Why: ATen 1.13 as Debian builds it runs e^x through Sleef's AVX2 code even on an
 // AVX-512 CPU, in three passes over [B*T, V] floats each way; these run e^x in AVX-512
 // (exp_clamped, about 2 ulp where Sleef's is 1) and form each row's bf16 gradient in one
-// pass. Only bf16 training takes them (OwnKernels): its products already round far more
+// pass. Only bf16 training takes them (Kernels::own): its products already round far more
 // than this; fp32, evaluation and generation keep ATen's numbers.
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
@@ -48,17 +48,17 @@ MINIMIND_CPU_CLONES void log_softmax_rows(const float* x, float* out, int64_t ro
   }
 }
 
-// One row of the loss's gradient from its log-probabilities: e^lsm * minus_v, plus v at the
+// One row of the loss's gradient from its log-probabilities: e^lsm * (-v), plus v at the
 // label (nll_loss's and log_softmax's backward, as NextTokenLoss forms them with ATen's
 // ops); a row of zeros for label < 0 (the last position, or an ignored label). out may be
 // lsm. With out_bf16, the row is also rounded to bf16 there.
 MINIMIND_CPU_CLONES void loss_gradient_row(const float* lsm, float* out, uint16_t* out_bf16,
-                                           int64_t V, int64_t label, float minus_v, float v) {
+                                           int64_t V, int64_t label, float v) {
   if (label < 0) {
     std::fill(out, out + V, 0.0f);
   } else {
 #pragma GCC ivdep  // out is lsm or apart from it
-    for (int64_t j = 0; j < V; ++j) out[j] = exp_clamped(lsm[j]) * minus_v;
+    for (int64_t j = 0; j < V; ++j) out[j] = exp_clamped(lsm[j]) * -v;
     out[label] += v;
   }
   if (out_bf16)
@@ -129,7 +129,7 @@ void own_loss_gradient(const torch::Tensor& lsm, uint16_t* bf16, int64_t r0, int
     const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
     // The last position predicts nothing; an ignored label's row is zero.
     const int64_t target = t == T - 1 || !is_counted[at] ? -1 : label[at];
-    loss_gradient_row(in, bf16 ? row.data() : in, bf16 ? bf16 + r * V : nullptr, V, target, -v, v);
+    loss_gradient_row(in, bf16 ? row.data() : in, bf16 ? bf16 + r * V : nullptr, V, target, v);
   }
 }
 
