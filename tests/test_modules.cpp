@@ -228,6 +228,34 @@ TEST(Attention, Bf16NodeMatchesFloat64OnRoundedInputs) {
   EXPECT_GT(rel(q.grad(), qd.grad()), 1e-5) << "no bf16 rounding: the node did not run";
 }
 
+// The node's backward forms the rounded softmax again instead of keeping it: it must be the
+// forward's, bit for bit. With v = identity the output rows are the forward's rounded
+// softmax rows, and with the incoming gradient = identity v's gradient is the backward's,
+// transposed (every product then sums one nonzero term: exact). Two query blocks of 64.
+TEST(Attention, Bf16NodeFormsTheSameSoftmaxAgainInItsBackward) {
+  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
+  torch::manual_seed(12);
+  const int64_t T = 80, rep = 2, M = T * rep, d = M;  // one kv head, d wide enough for both
+  torch::Tensor q = (3 * torch::randn({1, T, rep, d})).requires_grad_(),
+                k = (3 * torch::randn({1, T, 1, d})).requires_grad_();
+  torch::Tensor v = torch::eye(T, d).view({1, T, 1, d}).requires_grad_();
+  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);  // [1, T, rep*d]
+  // Row m = (position t, head h) of the node's [M, d] view gets gradient e_m.
+  out.backward(torch::eye(M, d).view({1, T, rep * d}));
+  const torch::Tensor forward_p = out.view({M, d}).narrow(1, 0, T);  // [M, T]
+  const torch::Tensor backward_p = v.grad().view({T, d}).t();        // [M, T]
+  EXPECT_TRUE(torch::equal(forward_p, backward_p))
+      << "max |difference| " << (forward_p - backward_p).abs().max().item<float>();
+  // Not vacuous: rounded (bf16) probabilities, each row summing to about 1, none of the future.
+  EXPECT_TRUE(torch::equal(forward_p, forward_p.to(torch::kBFloat16).to(torch::kFloat)));
+  EXPECT_LT((forward_p.sum(1) - 1).abs().max().item<float>(), 2e-2);
+  const torch::Tensor future = torch::arange(T).unsqueeze(0) >
+                               torch::div(torch::arange(M), rep, "floor").unsqueeze(1);  // [M, T]
+  EXPECT_TRUE(
+      torch::equal(forward_p.masked_select(future), torch::zeros({future.sum().item<int64_t>()})));
+  EXPECT_GT(forward_p[M - 1].gt(0).sum().item<int64_t>(), T / 2);
+}
+
 namespace {
 
 // Attention with hidden 8, 4 query heads and 2 kv heads of width 2 (query heads 0, 1 share

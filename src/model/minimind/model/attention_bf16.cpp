@@ -3,16 +3,20 @@
 //
 // Why: the ATen form runs the scores [B, kv, T*rep, T] through a division, a mask, a
 // softmax and a rounding to bf16 as separate passes over memory, each way; attention took
-// about 4x its products' time in a bf16 step (minimind-bench --breakdown). Here each block's
-// scores are written by the product, then scaled, masked, softmaxed and rounded in one pass
-// while in cache; the backward likewise forms the softmax's gradient and rounds it in one.
+// about 4x its products' time in a bf16 step (minimind-bench --breakdown). Here a block's
+// scores go into a buffer of the thread's that stays in its cache, are scaled, masked,
+// softmaxed and rounded there, and feed the product with v. The softmax is not kept: the
+// backward forms the block's scores again and the softmax from each row's (max, 1 / sum),
+// bit for bit, and its gradient in the same pass. Writing [B, kv, T*rep, T] floats and their
+// rounded copy to memory and reading them back took longer than that extra product, and
+// held 24 MB per layer on the bench model.
 //
 // Precision: the same scheme as every bf16 product here (docs/precision.md): the products'
 // inputs and the gradient each product receives are rounded to bf16, sums are fp32, and the
 // softmax and its backward run in fp32 on fp32 scores (s / sqrt(d), masked), as the ATen
 // form computes them; only the order of fp32 sums differs.
 #include <cmath>
-#include <vector>
+#include <memory>
 
 #include "minimind/model/attention.h"
 #include "minimind/model/vector_math.h"
@@ -30,39 +34,60 @@ using torch::autograd::variable_list;
 
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-// Rows [r0, r1) of one slice's scores p [.., ld] (the product's output, in place): row r is
-// query position r / rep, which sees keys [0, r / rep]; p = softmax(s / scale) over them,
-// 0 over the keys after it up to `end`, and pb = p rounded.
-MINIMIND_CPU_CLONES void softmax_rows(float* __restrict p, uint16_t* __restrict pb, int64_t ld,
-                                      int64_t r0, int64_t r1, int64_t rep, int64_t end,
-                                      float scale) {
+// How far a row's loops run: the keys it sees, rounded up to whole kLanes (but not past
+// `end`), so that the loops have no scalar tail; the keys in between are masked.
+inline int64_t padded(int64_t seen, int64_t end) {
+  const int64_t up = (seen + kLanes - 1) / kLanes * kLanes;
+  return up < end ? up : end;
+}
+
+// Rows [r0, r1) of one block's scores s [.., ld] (the product's output, in place): row r is
+// query position r / rep, which sees keys [0, r / rep]. sb = softmax(s / scale) over them,
+// rounded, 0 over the keys after it up to `end`; stats gets each row's (max, 1 / sum), from
+// which softmax_again_rows forms the same numbers again. Three passes over a row: scale and
+// maximum; e^x and its sum; normalise and round.
+MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, uint16_t* __restrict sb, int64_t ld,
+                                      int64_t r0, int64_t r1, int64_t rep, int64_t end, float scale,
+                                      float* __restrict stats) {
   for (int64_t r = r0; r < r1; ++r) {
-    float* row = p + (r - r0) * ld;
-    uint16_t* brow = pb + (r - r0) * ld;
-    const int64_t seen = r / rep + 1;
-    for (int64_t j = 0; j < seen; ++j) row[j] = row[j] / scale;
-    const float mx = max_lanes(row, seen);
-    for (int64_t j = 0; j < seen; ++j) row[j] = exp_clamped(row[j] - mx);
-    const float sum = sum_lanes(row, seen);
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < seen; ++j) {
-      row[j] = row[j] * inv;
-      brow[j] = bf16_bits(row[j]);
-    }
-    for (int64_t j = seen; j < end; ++j) row[j] = 0.0f, brow[j] = 0;
+    float* row = s + (r - r0) * ld;
+    uint16_t* brow = sb + (r - r0) * ld;
+    const int64_t seen = r / rep + 1, n = padded(seen, end);
+    // The keys between `seen` and n score -inf: e^x gives them e^-87 (it clamps there), far
+    // below the last bit of a sum that holds the maximum's e^0 = 1; they are zeroed below.
+    for (int64_t j = seen; j < n; ++j) row[j] = -__builtin_inff();
+    for (int64_t j = 0; j < n; ++j) row[j] = row[j] / scale;
+    const float mx = max_lanes(row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] = exp_clamped(row[j] - mx);
+    const float inv = 1.0f / sum_lanes(row, n);
+    for (int64_t j = 0; j < n; ++j) brow[j] = bf16_bits(row[j] * inv);
+    for (int64_t j = seen; j < end; ++j) brow[j] = 0;
+    stats[2 * (r - r0)] = mx, stats[2 * (r - r0) + 1] = inv;
   }
 }
 
-// The softmax's and the scaling's backward for rows [0, n) of a block: ds = p * (dp -
-// sum(dp * p)) / scale (ATen's softmax backward, then the division's), rounded into dsb.
-MINIMIND_CPU_CLONES void softmax_backward_rows(const float* __restrict p, int64_t ldp,
+// The backward's rows [r0, r1) of a block, from the block's scores s [.., ld] (formed again
+// by the same product) and the forward's stats: the softmax p again, in place in s, bit for
+// bit as softmax_rows formed it (the same operations, in the same order for each element),
+// pb = p rounded (for v's gradient), and ds = p * (dp - sum(dp * p)) / scale (ATen's softmax
+// backward, then the division's) rounded into dsb; 0 over the keys a row does not see.
+MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, uint16_t* __restrict pb,
                                                const float* __restrict dp, uint16_t* __restrict dsb,
-                                               int64_t n, int64_t end, float scale) {
-  for (int64_t r = 0; r < n; ++r) {
-    const float *p_r = p + r * ldp, *dp_r = dp + r * end;
-    uint16_t* ds_r = dsb + r * end;
-    const float dot = dot_lanes(dp_r, p_r, end);
-    for (int64_t j = 0; j < end; ++j) ds_r[j] = bf16_bits((p_r[j] * (dp_r[j] - dot)) / scale);
+                                               int64_t ld, int64_t r0, int64_t r1, int64_t rep,
+                                               int64_t end, float scale,
+                                               const float* __restrict stats) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* p_r = s + (r - r0) * ld;
+    const float* dp_r = dp + (r - r0) * ld;
+    uint16_t *pb_r = pb + (r - r0) * ld, *ds_r = dsb + (r - r0) * ld;
+    const int64_t seen = r / rep + 1, n = padded(seen, end);
+    const float mx = stats[2 * (r - r0)], inv = stats[2 * (r - r0) + 1];
+    for (int64_t j = 0; j < n; ++j) p_r[j] = exp_clamped(p_r[j] / scale - mx) * inv;
+    for (int64_t j = seen; j < end; ++j) p_r[j] = 0.0f;
+    for (int64_t j = 0; j < end; ++j) pb_r[j] = bf16_bits(p_r[j]);
+    const float dot = dot_lanes(dp_r, p_r, n);
+    for (int64_t j = 0; j < n; ++j) ds_r[j] = bf16_bits((p_r[j] * (dp_r[j] - dot)) / scale);
+    for (int64_t j = seen; j < end; ++j) ds_r[j] = 0;
   }
 }
 MINIMIND_NO_TRAPS_END
@@ -72,8 +97,27 @@ const uint16_t* bits(const torch::Tensor& t) {
   return static_cast<const uint16_t*>(t.data_ptr());
 }
 
+// A thread's working memory for one block, kept between calls (a block's scores are at most
+// [block * rep, T] floats: they stay in the core's cache, and are not allocated and first
+// touched again for every block).
+template <typename T>
+T* scratch(std::unique_ptr<T[]>& buffer, size_t& capacity, int64_t size) {
+  if (static_cast<size_t>(size) > capacity)
+    buffer.reset(new T[static_cast<size_t>(size)]), capacity = static_cast<size_t>(size);
+  return buffer.get();
+}
+struct BlockBuffers {
+  std::unique_ptr<float[]> s, dp, part;
+  std::unique_ptr<uint16_t[]> sb, dsb;
+  size_t s_n = 0, dp_n = 0, part_n = 0, sb_n = 0, dsb_n = 0;
+};
+thread_local BlockBuffers buffers;
+
 // qg [n, M = T*rep, d] (rows ordered (position, head)), k and v [n, T, d], float32
-// contiguous; -> [n, M, d].
+// contiguous; -> [n, M, d]. The softmax is not kept: the backward forms each block's scores
+// again (one more product of q and k, a sixth of the node's products) and the softmax from
+// each row's (max, 1 / sum), instead of writing [n, M, T] floats and their rounded copy to
+// memory and reading them back (their traffic took longer than the product).
 struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qg,
                                const torch::Tensor& k, const torch::Tensor& v, int64_t rep,
@@ -81,25 +125,24 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
     const int64_t n = qg.size(0), M = qg.size(1), d = qg.size(2), T = k.size(1);
     const torch::Tensor qb = to_bf16(qg), kb = to_bf16(k), vb = to_bf16(v);
     const auto f32 = qg.options();
-    torch::Tensor p = torch::empty({n, M, T}, f32);  // [n, M, T] the softmax, kept
-    torch::Tensor pb = torch::empty({n, M, T}, f32.dtype(torch::kBFloat16));  // rounded
-    torch::Tensor out = torch::empty({n, M, d}, f32);                         // [n, M, d]
+    torch::Tensor stats = torch::empty({n, M, 2}, f32);  // [n, M, 2] (max, 1 / sum) per row
+    torch::Tensor out = torch::empty({n, M, d}, f32);    // [n, M, d]
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
-      float* p_i = p.data_ptr<float>() + i * M * T;
-      auto* pb_i = static_cast<uint16_t*>(pb.data_ptr()) + i * M * T;
       const uint16_t *q_i = bits(qb) + i * M * d, *k_i = bits(kb) + i * T * d,
                      *v_i = bits(vb) + i * T * d;
-      float* o_i = out.data_ptr<float>() + i * M * d;
+      float *o_i = out.data_ptr<float>() + i * M * d, *st_i = stats.data_ptr<float>() + i * M * 2;
+      BlockBuffers& b = buffers;
+      float* s = scratch(b.s, b.s_n, block * rep * T);        // [rows, end]
+      uint16_t* sb = scratch(b.sb, b.sb_n, block * rep * T);  // [rows, end]
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
-        // s [rows, end] = q @ k^T, into the kept softmax's rows.
-        gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, p_i + r0 * T, T);
-        softmax_rows(p_i + r0 * T, pb_i + r0 * T, T, r0, r0 + rows, rep, end, scale);
-        gemm_bf16_rows('N', 'N', rows, d, end, pb_i + r0 * T, T, v_i, d, o_i + r0 * d, d);
+        gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
+        softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
+        gemm_bf16_rows('N', 'N', rows, d, end, sb, end, v_i, d, o_i + r0 * d, d);
       }
     });
-    ctx->save_for_backward({qb, kb, vb, p, pb});
+    ctx->save_for_backward({qb, kb, vb, stats});
     ctx->saved_data["rep"] = rep;
     ctx->saved_data["block"] = block;
     return out;
@@ -107,39 +150,41 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const StepScope part(StepPart::attention);
-    const variable_list s = ctx->get_saved_variables();
-    const torch::Tensor &qb = s[0], &kb = s[1], &vb = s[2], &p = s[3], &pb = s[4];
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &qb = saved[0], &kb = saved[1], &vb = saved[2], &stats = saved[3];
     const int64_t rep = ctx->saved_data["rep"].toInt(), block = ctx->saved_data["block"].toInt();
     const int64_t n = qb.size(0), M = qb.size(1), d = qb.size(2), T = kb.size(1);
     const torch::Tensor gob = to_bf16(grad_out[0].contiguous());  // [n, M, d]
-    const auto f32 = p.options();
+    const auto f32 = stats.options();
     torch::Tensor gq = torch::empty({n, M, d}, f32), gk = torch::zeros({n, T, d}, f32),
                   gv = torch::zeros({n, T, d}, f32);
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
-      const float* p_i = p.data_ptr<float>() + i * M * T;
-      const uint16_t *pb_i = bits(pb) + i * M * T, *q_i = bits(qb) + i * M * d,
-                     *k_i = bits(kb) + i * T * d, *v_i = bits(vb) + i * T * d,
-                     *go_i = bits(gob) + i * M * d;
+      const uint16_t *q_i = bits(qb) + i * M * d, *k_i = bits(kb) + i * T * d,
+                     *v_i = bits(vb) + i * T * d, *go_i = bits(gob) + i * M * d;
+      const float* st_i = stats.data_ptr<float>() + i * M * 2;
       float *gq_i = gq.data_ptr<float>() + i * M * d, *gk_i = gk.data_ptr<float>() + i * T * d,
             *gv_i = gv.data_ptr<float>() + i * T * d;
-      std::vector<float> dp, part(static_cast<size_t>(T * d));
-      std::vector<uint16_t> dsb;
+      BlockBuffers& b = buffers;
+      float* s = scratch(b.s, b.s_n, block * rep * T);           // [rows, end]
+      float* dp = scratch(b.dp, b.dp_n, block * rep * T);        // [rows, end]
+      float* part = scratch(b.part, b.part_n, T * d);            // [end, d]
+      uint16_t* pb = scratch(b.sb, b.sb_n, block * rep * T);     // [rows, end]
+      uint16_t* dsb = scratch(b.dsb, b.dsb_n, block * rep * T);  // [rows, end]
       auto add_part = [&](float* to, int64_t keys) {
-        for (int64_t j = 0; j < keys * d; ++j) to[j] += part[static_cast<size_t>(j)];
+        for (int64_t j = 0; j < keys * d; ++j) to[j] += part[j];
       };
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
-        dp.resize(static_cast<size_t>(rows * end));
-        dsb.resize(static_cast<size_t>(rows * end));
-        // dp [rows, end] = go @ v^T; gv[:end] += pb^T @ go.
-        gemm_bf16_rows('N', 'T', rows, end, d, go_i + r0 * d, d, v_i, d, dp.data(), end);
-        gemm_bf16_rows('T', 'N', end, d, rows, pb_i + r0 * T, T, go_i + r0 * d, d, part.data(), d);
+        // s = q @ k^T again, dp = go @ v^T; then p, pb and ds.
+        gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);
+        gemm_bf16_rows('N', 'T', rows, end, d, go_i + r0 * d, d, v_i, d, dp, end);
+        softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
+        // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q.
+        gemm_bf16_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
         add_part(gv_i, end);
-        softmax_backward_rows(p_i + r0 * T, T, dp.data(), dsb.data(), rows, end, scale);
-        // gq = ds @ k; gk[:end] += ds^T @ q.
-        gemm_bf16_rows('N', 'N', rows, d, end, dsb.data(), end, k_i, d, gq_i + r0 * d, d);
-        gemm_bf16_rows('T', 'N', end, d, rows, dsb.data(), end, q_i + r0 * d, d, part.data(), d);
+        gemm_bf16_rows('N', 'N', rows, d, end, dsb, end, k_i, d, gq_i + r0 * d, d);
+        gemm_bf16_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
         add_part(gk_i, end);
       }
     });
