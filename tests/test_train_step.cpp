@@ -160,6 +160,57 @@ TEST(FusedAdamW, SpreadOverTheCoresGivesTheNumbersOfOne) {
   set_blas_threads(before);
 }
 
+// Clipping handed to the optimizer (clip_gradients' `deferred` scale, step_scaled) gives the
+// weights and moments of clipping first and then step(), bitwise, and leaves the gradients
+// as they were; once clipping (scale < 1) and once under the limit (scale 1).
+TEST(FusedAdamW, ClippingHandedToTheStepGivesTheNumbersOfClippingFirst) {
+  torch::manual_seed(6);
+  TrainConfig tc;
+  tc.weight_decay = 0.1;
+  const std::vector<std::vector<int64_t>> shapes = {{300, 700}, {33}, {1 << 18}};
+  for (const double max_norm : {1.0, 1e9}) {
+    std::vector<torch::Tensor> first, handed, grads;
+    for (const auto& shape : shapes) {
+      const torch::Tensor init = torch::randn(shape);
+      first.push_back(init.clone().requires_grad_());
+      handed.push_back(init.clone().requires_grad_());
+    }
+    auto opt_first = make_optimizer(first, tc), opt_handed = make_optimizer(handed, tc);
+    auto* fused = dynamic_cast<FusedAdamW*>(opt_handed.get());
+    ASSERT_NE(fused, nullptr);
+    for (int step = 1; step <= 3; ++step) {
+      grads.clear();
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        grads.push_back(torch::randn(shapes[i]));
+        first[i].mutable_grad() = grads[i].clone(), handed[i].mutable_grad() = grads[i].clone();
+      }
+      const double norm_first = clip_gradients(first, max_norm);
+      opt_first->step();
+      float scale = -1;
+      const double norm_handed = clip_gradients(handed, max_norm, &scale);
+      fused->step_scaled(scale);
+      EXPECT_EQ(norm_first, norm_handed);
+      EXPECT_GT(norm_first, 1.0);
+      if (max_norm == 1.0)
+        EXPECT_LT(scale, 1.0f);
+      else
+        EXPECT_EQ(scale, 1.0f);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_TRUE(torch::equal(first[i], handed[i])) << max_norm << " " << step << " " << i;
+        EXPECT_TRUE(torch::equal(handed[i].grad(), grads[i])) << "the gradient was changed";
+      }
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::string key = c10::guts::to_string(first[i].unsafeGetTensorImpl());
+      const std::string key_h = c10::guts::to_string(handed[i].unsafeGetTensorImpl());
+      auto& a = static_cast<torch::optim::AdamWParamState&>(*opt_first->state().at(key));
+      auto& b = static_cast<torch::optim::AdamWParamState&>(*opt_handed->state().at(key_h));
+      EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg())) << i;
+      EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq())) << i;
+    }
+  }
+}
+
 // A model with the same initial weights every call, in `dtype`, and its AdamW.
 std::pair<MiniMindForCausalLM, std::unique_ptr<torch::optim::AdamW>> seeded_model(
     const Config& cfg, torch::Dtype dtype) {

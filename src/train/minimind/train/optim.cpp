@@ -21,21 +21,21 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Ten
 
 namespace {
 
-// One AdamW update of n floats, in torch's order of operations and float roundings:
-// p *= decay; m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
-// p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into fused multiply-adds
-// is off so every machine rounds the same. The loop vectorises (AVX2 where the CPU has it)
-// only because the project builds with -fno-math-errno (src/CMakeLists.txt): with errno,
-// GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on
-// the bench MoE; checked with objdump).
+// One AdamW update of n floats, in torch's order of operations and float roundings, on the
+// gradient g * g_scale (clipping's product, exact for 1): p *= decay; m = m * b1 + (1 - b1) * g; v
+// = v * b2 + (1 - b2) * g * g; p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into
+// fused multiply-adds is off so every machine rounds the same. The loop vectorises (AVX2 where the
+// CPU has it) only because the project builds with -fno-math-errno (src/CMakeLists.txt): with
+// errno, GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on the
+// bench MoE; checked with objdump).
 MINIMIND_NO_FMA_BEGIN
-MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g,
+MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g, float g_scale,
                                       float* __restrict m, float* __restrict v, int64_t n,
                                       float decay, float b1, float one_minus_b1, float b2,
                                       float one_minus_b2, float sqrt_bc2, float eps,
                                       float neg_step_size) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * g_scale;
     const float pi = p[i] * decay;
     const float mi = m[i] * b1 + one_minus_b1 * gi;
     const float vi = v[i] * b2 + one_minus_b2 * gi * gi;
@@ -48,7 +48,7 @@ MINIMIND_NO_FMA_END
 
 // One parameter's fused update: its buffers and the scalars of this step.
 struct FusedUpdate {
-  float *p, *g, *m, *v;
+  float *p, *g, g_scale, *m, *v;
   int64_t n;
   float decay, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps, neg_step_size;
 };
@@ -68,8 +68,9 @@ void run_fused_updates(const std::vector<FusedUpdate>& updates) {
   run_blas_tasks(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
     const Chunk& c = chunks[static_cast<size_t>(i)];
     const FusedUpdate& u = *c.u;
-    adamw_update(u.p + c.begin, u.g + c.begin, u.m + c.begin, u.v + c.begin, c.n, u.decay, u.b1,
-                 u.one_minus_b1, u.b2, u.one_minus_b2, u.sqrt_bc2, u.eps, u.neg_step_size);
+    adamw_update(u.p + c.begin, u.g + c.begin, u.g_scale, u.m + c.begin, u.v + c.begin, c.n,
+                 u.decay, u.b1, u.one_minus_b1, u.b2, u.one_minus_b2, u.sqrt_bc2, u.eps,
+                 u.neg_step_size);
   });
 }
 
@@ -119,6 +120,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       const double step_size = o.lr() / bias_correction1;
       if (!fusable || !st.exp_avg().is_contiguous() || !st.exp_avg_sq().is_contiguous()) {
         // torch's AdamW step, op for op (a float64 model, an odd layout).
+        if (gradient_scale_ != 1.0f) p.mutable_grad().mul_(gradient_scale_);
         if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
         st.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
         st.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
@@ -132,8 +134,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       torch::autograd::impl::bump_version(p);
       // The scalars as torch's ops receive them: doubles cast to the tensor's float.
       fused.push_back(
-          {p.data_ptr<float>(), grad.data_ptr<float>(), st.exp_avg().data_ptr<float>(),
-           st.exp_avg_sq().data_ptr<float>(), p.numel(),
+          {p.data_ptr<float>(), grad.data_ptr<float>(), gradient_scale_,
+           st.exp_avg().data_ptr<float>(), st.exp_avg_sq().data_ptr<float>(), p.numel(),
            static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1),
            static_cast<float>(beta1), static_cast<float>(1 - beta1), static_cast<float>(beta2),
            static_cast<float>(1 - beta2), static_cast<float>(std::sqrt(bias_correction2)),
@@ -142,6 +144,17 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   }
   run_fused_updates(fused);
   return loss;
+}
+
+void FusedAdamW::step_scaled(float gradient_scale) {
+  gradient_scale_ = gradient_scale;
+  try {
+    step();
+  } catch (...) {
+    gradient_scale_ = 1.0f;
+    throw;
+  }
+  gradient_scale_ = 1.0f;
 }
 
 void fill_missing_gradients(const std::vector<torch::Tensor>& params) {
@@ -154,8 +167,23 @@ void clear_gradients(const std::vector<torch::Tensor>& params) {
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();
 }
 
-double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm) {
+namespace {
+
+// Whether clipping can hand its scale to FusedAdamW::step_scaled: float32 gradients, whose
+// product with the float32 scale the update forms as clipping's mul_ would (a float64
+// model's gradients are multiplied by clipping itself, in float64).
+bool can_defer(const std::vector<const std::vector<torch::Tensor>*>& lists) {
+  for (const auto* list : lists)
+    for (const auto& p : *list)
+      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat32) return false;
+  return true;
+}
+
+}  // namespace
+
+double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm, float* deferred) {
   torch::NoGradGuard no_grad;
+  if (deferred) *deferred = 1.0f;
   if (max_norm > 0) {
     // torch::nn::utils::clip_grad_norm_ (LibTorch 1.13) op for op, its per-tensor norms and
     // products spread over the cores: each is the same one-thread ATen op on the same tensor
@@ -169,7 +197,10 @@ double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm)
     run_blas_tasks(order, [&](int64_t i) { norms[i] = grads[i].norm(2); });
     const torch::Tensor total = norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
     const torch::Tensor coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-    run_blas_tasks(order, [&](int64_t i) { grads[i].mul_(coef); });
+    if (deferred && can_defer({&params}))
+      *deferred = coef.item<float>();  // a float32 scalar: the norm of float32 gradients
+    else
+      run_blas_tasks(order, [&](int64_t i) { grads[i].mul_(coef); });
     return total.item<double>();
   }
   torch::Tensor sq = torch::zeros({}, torch::kFloat64);
@@ -179,8 +210,9 @@ double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm)
 
 double clip_gradients(const std::vector<torch::Tensor>& replicated,
                       const std::vector<torch::Tensor>& sharded, double max_norm,
-                      Distributed& group) {
+                      Distributed& group, float* deferred) {
   torch::NoGradGuard no_grad;
+  if (deferred) *deferred = 1.0f;
   // Squared norms summed in float64: the replicated part here, the sharded part over the
   // group (each rank holds other experts), so every rank finds the same total.
   auto squares = [](const std::vector<torch::Tensor>& params) {
@@ -194,6 +226,10 @@ double clip_gradients(const std::vector<torch::Tensor>& replicated,
   const double total = std::sqrt(squares(replicated) + sq[0]);
   if (max_norm > 0) {
     const double coef = std::min(1.0, max_norm / (total + 1e-6));
+    if (deferred && can_defer({&replicated, &sharded})) {
+      *deferred = static_cast<float>(coef);
+      return total;
+    }
     for (const auto* list : {&replicated, &sharded})
       for (const auto& p : *list)
         if (p.grad().defined()) p.grad().mul_(static_cast<float>(coef));

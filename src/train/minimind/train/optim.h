@@ -23,6 +23,13 @@ class FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  // step() on the gradients times `gradient_scale`, each product formed as the update reads
+  // the gradient: the numbers of clip_gradients' multiplication and then step(), without
+  // its pass over every gradient (the gradients are left unscaled).
+  void step_scaled(float gradient_scale);
+
+ private:
+  float gradient_scale_ = 1.0f;  // x 1 is exact: step() is unchanged
 };
 
 // A FusedAdamW.
@@ -36,14 +43,17 @@ void fill_missing_gradients(const std::vector<torch::Tensor>& params);
 
 // Clips the global grad norm to max_norm (0 = no clipping); returns the norm before. With
 // clipping, torch::nn::utils::clip_grad_norm_'s ops and numbers, its per-tensor norms and
-// products spread over the cores.
-double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm);
+// products spread over the cores. With `deferred`, the gradients are left as they are and
+// the scale they would have been multiplied by goes there (1 without clipping), for
+// FusedAdamW::step_scaled.
+double clip_gradients(const std::vector<torch::Tensor>& params, double max_norm,
+                      float* deferred = nullptr);
 // The same when some parameters are spread over the ranks of `group` (expert parallelism):
 // the norm over `replicated` (alike on every rank) and the `sharded` parameters of all the
 // group's ranks; every rank gets the same norm and scale.
 double clip_gradients(const std::vector<torch::Tensor>& replicated,
                       const std::vector<torch::Tensor>& sharded, double max_norm,
-                      Distributed& group);
+                      Distributed& group, float* deferred = nullptr);
 
 // Drops the gradients (PyTorch's zero_grad(set_to_none=True)): the next backward stores
 // its gradients as they come instead of adding them onto zero-filled buffers, which

@@ -389,12 +389,19 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
   s.loss = s.lm_loss + s.aux_loss + s.z_loss;
   {
     const StepScope part(StepPart::optimizer);
-    s.grad_norm = split
-                      ? clip_gradients(split->replicated, split->experts, o.grad_clip, ep->group())
-                      : clip_gradients(params, o.grad_clip);
+    // FusedAdamW takes clipping's scale into its update (one pass over the gradients less).
+    auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
+    float scale = 1.0f;
+    float* deferred = fused ? &scale : nullptr;
+    s.grad_norm = split ? clip_gradients(split->replicated, split->experts, o.grad_clip,
+                                         ep->group(), deferred)
+                        : clip_gradients(params, o.grad_clip, deferred);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     if (s.finite) {
-      optimizer.step();
+      if (fused)
+        fused->step_scaled(scale);
+      else
+        optimizer.step();
       // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
       // same sums, so the same bias).
       model->update_router_bias(s.counts.layers, s.qb);
