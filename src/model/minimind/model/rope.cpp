@@ -1,5 +1,7 @@
 #include "minimind/model/rope.h"
 
+#include "minimind/util/blas_tasks.h"
+#include "minimind/util/cpu_clones.h"
 #include "minimind/util/step_part.h"
 
 namespace minimind {
@@ -21,6 +23,29 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The rotation of rows [r0, r1) of x [rows, d] (row r at position (r / heads) % T, table
+// rows cs, sn [T, d]) into out: the products and sums of Rotary::rotate's ATen ops, each
+// rounded as they round it (no contraction to FMA), so bitwise the same; one pass instead
+// of four ops and their temporaries.
+MINIMIND_NO_FMA_BEGIN
+MINIMIND_CPU_CLONES void rotate_rows(const float* __restrict x, const float* __restrict cs,
+                                     const float* __restrict sn, float* __restrict out, int64_t r0,
+                                     int64_t r1, int64_t heads, int64_t T, int64_t d, int sign) {
+  const int64_t half = d / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *xr = x + r * d, *c = cs + (r / heads) % T * d, *s = sn + (r / heads) % T * d;
+    float* o = out + r * d;
+    if (sign > 0) {
+      for (int64_t j = 0; j < half; ++j) o[j] = xr[j] * c[j] - xr[j + half] * s[j];
+      for (int64_t j = half; j < d; ++j) o[j] = xr[j] * c[j] + xr[j - half] * s[j];
+    } else {
+      for (int64_t j = 0; j < half; ++j) o[j] = xr[j] * c[j] + xr[j + half] * s[j + half];
+      for (int64_t j = half; j < d; ++j) o[j] = xr[j] * c[j] - xr[j - half] * s[j - half];
+    }
+  }
+}
+MINIMIND_NO_FMA_END
+
 // x' = x * cos + rotate_half(x) * sin without building rotate_half(x): per half,
 // x'1 = x1 * cos1 - x2 * sin1 and x'2 = x2 * cos2 + x1 * sin2, the same products and sums
 // (a + (-b) is a - b). Autograd of the cat/neg/slice form allocated and zeroed a full-width
@@ -28,6 +53,7 @@ using torch::autograd::variable_list;
 // dx1 = g1 * cos1 + g2 * sin2, dx2 = g2 * cos2 - g1 * sin1, again the same numbers
 // (the slices' zeros add nothing).
 struct Rotary : torch::autograd::Function<Rotary> {
+  static constexpr int64_t kRowBlock = 512;  // rows of d floats per task
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
@@ -44,6 +70,20 @@ struct Rotary : torch::autograd::Function<Rotary> {
   static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos,
                               const torch::Tensor& sin, int sign) {
     const int64_t half = x.size(-1) / 2;
+    if (x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
+        cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous() &&
+        cos.size(0) == x.size(1) && x.size(-1) % 2 == 0) {
+      // [B, T, h, d] float32: the same numbers in one pass over the cores.
+      const int64_t heads = x.size(2), T = x.size(1), d = x.size(3);
+      torch::Tensor out = torch::empty_like(x);
+      const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(),
+                  *sp = sin.data_ptr<float>();
+      float* op = out.data_ptr<float>();
+      run_row_blocks(x.numel() / d, kRowBlock, [&](int64_t r0, int64_t n) {
+        rotate_rows(xp, cp, sp, op, r0, r0 + n, heads, T, d, sign);
+      });
+      return out;
+    }
     // [T, d] -> [T, 1, d] broadcasts over batch and heads.
     const torch::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
     const torch::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
