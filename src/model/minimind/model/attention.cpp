@@ -64,20 +64,16 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
   const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
   const double scale = std::sqrt(static_cast<double>(d));
+  // bf16 training: one node for scores, mask, softmax and the product with v, taking q, k
+  // and v in the model's layout.
+  if (bf16_training_node(q) && (dropout == 0 || !training))
+    return causal_attention_bf16(q, k, v, block);
   // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
   // ordered (position, head), so a block of positions is a contiguous range of rows.
   const torch::Tensor qg = q.view({B, T, kv, rep, d})
                                .permute({0, 2, 1, 3, 4})
                                .reshape({B, kv, T * rep, d});                // [B, kv, T*rep, d]
   const torch::Tensor kt = k.permute({0, 2, 3, 1}), vt = v.transpose(1, 2);  // [B, kv, d|T, T|d]
-  if (bf16_training_node(q) && (dropout == 0 || !training)) {
-    // bf16 training: one node for scores, mask, softmax and the product with v.
-    const torch::Tensor out = causal_attention_bf16(qg.reshape({B * kv, T * rep, d}),
-                                                    k.transpose(1, 2).reshape({B * kv, T, d}),
-                                                    vt.reshape({B * kv, T, d}), rep, block)
-                                  .view({B, kv, T, rep, d});  // [B, kv, T, rep, d]
-    return out.permute({0, 2, 1, 3, 4}).reshape({B, T, heads * d});
-  }
   // The diagonal block's mask: row (t, r) hides keys after t. The same for every block
   // (a shorter last block takes its top-left corner).
   block = std::min(block, T);

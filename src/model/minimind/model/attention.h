@@ -36,10 +36,10 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block, double dropout,
                                bool training);
 
-// causal_attention's node in bf16 training (attention_bf16.cpp): qg [n, T*rep, d] (rows
-// ordered (position, head)), k and v [n, T, d], float32 -> [n, T*rep, d] float32.
-torch::Tensor causal_attention_bf16(const torch::Tensor& qg, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t rep, int64_t block);
+// causal_attention's node in bf16 training (attention_bf16.cpp): q [B, T, h, d], k and v
+// [B, T, kv, d], float32 -> [B, T, h * d] float32.
+torch::Tensor causal_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, int64_t block);
 
 // Query block of causal_attention in training and evaluation (T = 256: 4 blocks, 10/16 of
 // the square computed).

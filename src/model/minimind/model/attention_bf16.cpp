@@ -15,6 +15,7 @@
 // inputs and the gradient each product receives are rounded to bf16, sums are fp32, and the
 // softmax and its backward run in fp32 on fp32 scores (s / sqrt(d), masked), as the ATen
 // form computes them; only the order of fp32 sums differs.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -107,42 +108,71 @@ T* scratch(std::unique_ptr<T[]>& buffer, size_t& capacity, int64_t size) {
   return buffer.get();
 }
 struct BlockBuffers {
-  std::unique_ptr<float[]> s, dp, part;
-  std::unique_ptr<uint16_t[]> sb, dsb;
-  size_t s_n = 0, dp_n = 0, part_n = 0, sb_n = 0, dsb_n = 0;
+  std::unique_ptr<float[]> s, dp, part, rows;
+  std::unique_ptr<uint16_t[]> sb, dsb, go;
+  size_t s_n = 0, dp_n = 0, part_n = 0, rows_n = 0, sb_n = 0, dsb_n = 0, go_n = 0;
 };
 thread_local BlockBuffers buffers;
 
-// qg [n, M = T*rep, d] (rows ordered (position, head)), k and v [n, T, d], float32
-// contiguous; -> [n, M, d]. The softmax is not kept: the backward forms each block's scores
-// again (one more product of q and k, a sixth of the node's products) and the softmax from
-// each row's (max, 1 / sum), instead of writing [n, M, T] floats and their rounded copy to
-// memory and reading them back (their traffic took longer than the product).
+// Where slice i = (batch b, kv head g) of the node finds its rows in the model's layouts:
+// q and the output [B, T, h, d] hold the rep query heads of g at position t as rep * d
+// contiguous floats; k and v [B, T, kv, d] hold g's key at t as d floats. The node works on
+// each slice as [T * rep, d] rows ordered (position, head), and [T, d], gathering them as
+// it rounds them to bf16 and scattering its results back, instead of permuted copies of
+// q, k, v and the output (and of their gradients) made by ATen around it.
+struct Slices {
+  int64_t B, T, kv, rep, d;
+  int64_t q_at(int64_t i, int64_t t) const {  // rep * d floats
+    return ((i / kv * T + t) * kv + i % kv) * rep * d;
+  }
+  int64_t kv_at(int64_t i, int64_t t) const {  // d floats
+    return ((i / kv * T + t) * kv + i % kv) * d;
+  }
+};
+
+// q [B, T, h, d], k and v [B, T, kv, d], float32 contiguous -> [B, T, h * d]. The softmax is
+// not kept: the backward forms each block's scores again (one more product of q and k, a
+// sixth of the node's products) and the softmax from each row's (max, 1 / sum), instead of
+// writing [n, M, T] floats and their rounded copy to memory and reading them back (their
+// traffic took longer than the product).
 struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qg,
-                               const torch::Tensor& k, const torch::Tensor& v, int64_t rep,
-                               int64_t block) {
-    const int64_t n = qg.size(0), M = qg.size(1), d = qg.size(2), T = k.size(1);
-    const torch::Tensor qb = to_bf16(qg), kb = to_bf16(k), vb = to_bf16(v);
-    const auto f32 = qg.options();
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t block) {
+    const int64_t B = q.size(0), T = q.size(1), h = q.size(2), d = q.size(3), kv = k.size(2);
+    const Slices sl{B, T, kv, h / kv, d};
+    const int64_t rep = sl.rep, n = B * kv, M = T * rep;
+    const auto f32 = q.options(), bf16 = f32.dtype(torch::kBFloat16);
+    // The slices' rounded rows, kept for the backward: [n, M, d], [n, T, d] x2.
+    torch::Tensor qb = torch::empty({n, M, d}, bf16), kb = torch::empty({n, T, d}, bf16),
+                  vb = torch::empty({n, T, d}, bf16);
     torch::Tensor stats = torch::empty({n, M, 2}, f32);  // [n, M, 2] (max, 1 / sum) per row
-    torch::Tensor out = torch::empty({n, M, d}, f32);    // [n, M, d]
+    torch::Tensor out = torch::empty({B, T, h * d}, f32);
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
-      const uint16_t *q_i = bits(qb) + i * M * d, *k_i = bits(kb) + i * T * d,
-                     *v_i = bits(vb) + i * T * d;
-      float *o_i = out.data_ptr<float>() + i * M * d, *st_i = stats.data_ptr<float>() + i * M * 2;
+      auto *q_i = static_cast<uint16_t*>(qb.data_ptr()) + i * M * d,
+           *k_i = static_cast<uint16_t*>(kb.data_ptr()) + i * T * d,
+           *v_i = static_cast<uint16_t*>(vb.data_ptr()) + i * T * d;
+      for (int64_t t = 0; t < T; ++t) {
+        round_to_bf16(q.data_ptr<float>() + sl.q_at(i, t), q_i + t * rep * d, rep * d);
+        round_to_bf16(k.data_ptr<float>() + sl.kv_at(i, t), k_i + t * d, d);
+        round_to_bf16(v.data_ptr<float>() + sl.kv_at(i, t), v_i + t * d, d);
+      }
+      float* st_i = stats.data_ptr<float>() + i * M * 2;
       BlockBuffers& b = buffers;
       float* s = scratch(b.s, b.s_n, block * rep * T);        // [rows, end]
       uint16_t* sb = scratch(b.sb, b.sb_n, block * rep * T);  // [rows, end]
+      float* o = scratch(b.rows, b.rows_n, block * rep * d);  // [rows, d]
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
         gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
         softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
-        gemm_bf16_rows('N', 'N', rows, d, end, sb, end, v_i, d, o_i + r0 * d, d);
+        gemm_bf16_rows('N', 'N', rows, d, end, sb, end, v_i, d, o, d);
+        for (int64_t t = t0; t < end; ++t)
+          std::copy_n(o + (t - t0) * rep * d, rep * d, out.data_ptr<float>() + sl.q_at(i, t));
       }
     });
     ctx->save_for_backward({qb, kb, vb, stats});
+    ctx->saved_data["B"] = B;
     ctx->saved_data["rep"] = rep;
     ctx->saved_data["block"] = block;
     return out;
@@ -152,27 +182,34 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
     const StepScope part(StepPart::attention);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &qb = saved[0], &kb = saved[1], &vb = saved[2], &stats = saved[3];
-    const int64_t rep = ctx->saved_data["rep"].toInt(), block = ctx->saved_data["block"].toInt();
-    const int64_t n = qb.size(0), M = qb.size(1), d = qb.size(2), T = kb.size(1);
-    const torch::Tensor gob = to_bf16(grad_out[0].contiguous());  // [n, M, d]
+    const int64_t B = ctx->saved_data["B"].toInt(), rep = ctx->saved_data["rep"].toInt(),
+                  block = ctx->saved_data["block"].toInt();
+    const int64_t n = qb.size(0), M = qb.size(1), d = qb.size(2), T = kb.size(1), kv = n / B;
+    const Slices sl{B, T, kv, rep, d};
+    const torch::Tensor go = grad_out[0].contiguous();  // [B, T, h * d]
     const auto f32 = stats.options();
-    torch::Tensor gq = torch::empty({n, M, d}, f32), gk = torch::zeros({n, T, d}, f32),
-                  gv = torch::zeros({n, T, d}, f32);
+    torch::Tensor gq = torch::empty({B, T, kv * rep, d}, f32),
+                  gk = torch::zeros({B, T, kv, d}, f32), gv = torch::zeros({B, T, kv, d}, f32);
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
       const uint16_t *q_i = bits(qb) + i * M * d, *k_i = bits(kb) + i * T * d,
-                     *v_i = bits(vb) + i * T * d, *go_i = bits(gob) + i * M * d;
+                     *v_i = bits(vb) + i * T * d;
       const float* st_i = stats.data_ptr<float>() + i * M * 2;
-      float *gq_i = gq.data_ptr<float>() + i * M * d, *gk_i = gk.data_ptr<float>() + i * T * d,
-            *gv_i = gv.data_ptr<float>() + i * T * d;
       BlockBuffers& b = buffers;
       float* s = scratch(b.s, b.s_n, block * rep * T);           // [rows, end]
       float* dp = scratch(b.dp, b.dp_n, block * rep * T);        // [rows, end]
       float* part = scratch(b.part, b.part_n, T * d);            // [end, d]
+      float* dq = scratch(b.rows, b.rows_n, block * rep * d);    // [rows, d]
       uint16_t* pb = scratch(b.sb, b.sb_n, block * rep * T);     // [rows, end]
       uint16_t* dsb = scratch(b.dsb, b.dsb_n, block * rep * T);  // [rows, end]
-      auto add_part = [&](float* to, int64_t keys) {
-        for (int64_t j = 0; j < keys * d; ++j) to[j] += part[j];
+      uint16_t* go_i = scratch(b.go, b.go_n, M * d);             // [M, d] the slice's rows
+      for (int64_t t = 0; t < T; ++t)
+        round_to_bf16(go.data_ptr<float>() + sl.q_at(i, t), go_i + t * rep * d, rep * d);
+      auto add_part = [&](float* to, int64_t keys) {  // to [B, T, kv, d] at slice i
+        for (int64_t t = 0; t < keys; ++t) {
+          float* row = to + sl.kv_at(i, t);
+          for (int64_t j = 0; j < d; ++j) row[j] += part[t * d + j];
+        }
       };
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
@@ -182,21 +219,23 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
         softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
         // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q.
         gemm_bf16_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
-        add_part(gv_i, end);
-        gemm_bf16_rows('N', 'N', rows, d, end, dsb, end, k_i, d, gq_i + r0 * d, d);
+        add_part(gv.data_ptr<float>(), end);
+        gemm_bf16_rows('N', 'N', rows, d, end, dsb, end, k_i, d, dq, d);
+        for (int64_t t = t0; t < end; ++t)
+          std::copy_n(dq + (t - t0) * rep * d, rep * d, gq.data_ptr<float>() + sl.q_at(i, t));
         gemm_bf16_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
-        add_part(gk_i, end);
+        add_part(gk.data_ptr<float>(), end);
       }
     });
-    return {gq, gk, gv, torch::Tensor(), torch::Tensor()};
+    return {gq, gk, gv, torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor causal_attention_bf16(const torch::Tensor& qg, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t rep, int64_t block) {
-  return CausalAttentionBf16::apply(qg.contiguous(), k.contiguous(), v.contiguous(), rep, block);
+torch::Tensor causal_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, int64_t block) {
+  return CausalAttentionBf16::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
 }
 
 }  // namespace minimind
