@@ -374,6 +374,26 @@ TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
 
 // A generated token (one row, eval) takes the direct path: its k experts in ascending order,
 // no sort or scatter. It must give what the batched dispatch gives that token inside a batch.
+// top_values (the routing margin's top k + 1) against torch::topk's values, bitwise: random
+// scores, scores with ties (rounded to a few levels), k from 1 to E, 4 and 64 experts, and
+// a NaN (torch::topk's own answer).
+TEST(MoE, TopValuesEqualTorchTopkValues) {
+  torch::manual_seed(13);
+  for (const int64_t E : {int64_t{4}, int64_t{64}}) {
+    const torch::Tensor random = torch::softmax(torch::randn({300, E}), -1);
+    const torch::Tensor tied = (torch::rand({300, E}) * 4).round() / 4;  // many equal values
+    for (const torch::Tensor& x : {random, tied})
+      for (const int64_t k : {int64_t{1}, int64_t{2}, E / 4 + 1, E}) {
+        const torch::Tensor want = std::get<0>(torch::topk(x, k, -1));
+        EXPECT_TRUE(torch::equal(top_values(x, k), want)) << "E " << E << " k " << k;
+      }
+  }
+  torch::Tensor nan = torch::rand({5, 8});
+  nan[2][3] = NAN;
+  const torch::Tensor got = top_values(nan, 3), want = std::get<0>(torch::topk(nan, 3, -1));
+  EXPECT_TRUE(torch::allclose(got, want, 0, 0, /*equal_nan=*/true));
+}
+
 TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
   torch::manual_seed(11);
   ModelConfig cfg;

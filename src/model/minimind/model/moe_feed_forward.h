@@ -121,4 +121,8 @@ class MOEFeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MOEFeedForward);
 
+// torch::topk(x, k, -1)'s values (sorted, largest first) for x [N, E]: one set of numbers
+// whatever order ties come in, found by counting (the routing margin's statistic).
+torch::Tensor top_values(const torch::Tensor& x, int64_t k);
+
 }  // namespace minimind
