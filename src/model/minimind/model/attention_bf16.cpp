@@ -45,8 +45,8 @@ inline int64_t padded(int64_t seen, int64_t end) {
 // Rows [r0, r1) of one block's scores s [.., ld] (the product's output, in place): row r is
 // query position r / rep, which sees keys [0, r / rep]. sb = softmax(s / scale) over them,
 // rounded, 0 over the keys after it up to `end`; stats gets each row's (max, 1 / sum), from
-// which softmax_again_rows forms the same numbers again. Three passes over a row: scale and
-// maximum; e^x and its sum; normalise and round.
+// which softmax_backward_rows forms the same numbers again. Each step is a loop of its own
+// over the row (so each vectorises): scale, maximum, e^x, sum, normalise and round.
 MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, uint16_t* __restrict sb, int64_t ld,
                                       int64_t r0, int64_t r1, int64_t rep, int64_t end, float scale,
                                       float* __restrict stats) {
