@@ -190,11 +190,13 @@ TEST(Attention, QueryBlocksEqualTheWholeMaskedSquare) {
 // bf16 training's attention node (attention_bf16.cpp) against float64 on the same rounded
 // q, k, v: the output with the softmax rounded to bf16 as the node's product takes it
 // (only fp32 sums and the exp's last bits differ), and the gradients against float64's
-// own (the node rounds each product's incoming gradient: bf16's resolution, 2^-8).
-TEST(Attention, Bf16NodeMatchesFloat64OnRoundedInputs) {
+// own (the node rounds each product's incoming gradient: bf16's resolution, 2^-8). Grouped
+// query heads (4 on 2 kv heads) and one query head per kv head (3 on 3).
+class Bf16Attention : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+TEST_P(Bf16Attention, NodeMatchesFloat64OnRoundedInputs) {
   const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
   torch::manual_seed(11);
-  const int64_t B = 2, T = 150, heads = 4, kv = 2, d = 16;
+  const int64_t B = 2, T = 150, heads = GetParam().first, kv = GetParam().second, d = 16;
   auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
   const torch::Tensor q0 = rounded(torch::randn({B, T, heads, d})),
                       k0 = rounded(torch::randn({B, T, kv, d})),
@@ -227,6 +229,9 @@ TEST(Attention, Bf16NodeMatchesFloat64OnRoundedInputs) {
   EXPECT_LT(rel(v.grad(), vd.grad()), 2e-2);
   EXPECT_GT(rel(q.grad(), qd.grad()), 1e-5) << "no bf16 rounding: the node did not run";
 }
+INSTANTIATE_TEST_SUITE_P(Heads, Bf16Attention,
+                         ::testing::Values(std::make_pair(int64_t{4}, int64_t{2}),
+                                           std::make_pair(int64_t{3}, int64_t{3})));
 
 // The node's backward forms the rounded softmax again instead of keeping it: it must be the
 // forward's, bit for bit. With v = identity the output rows are the forward's rounded
