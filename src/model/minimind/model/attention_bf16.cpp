@@ -102,15 +102,17 @@ const uint16_t* bits(const torch::Tensor& t) {
 // [block * rep, T] floats: they stay in the core's cache, and are not allocated and first
 // touched again for every block).
 template <typename T>
-T* scratch(std::unique_ptr<T[]>& buffer, size_t& capacity, int64_t size) {
-  if (static_cast<size_t>(size) > capacity)
-    buffer.reset(new T[static_cast<size_t>(size)]), capacity = static_cast<size_t>(size);
-  return buffer.get();
-}
+struct Scratch {
+  std::unique_ptr<T[]> data;
+  int64_t size = 0;
+  T* get(int64_t n) {
+    if (n > size) data.reset(new T[static_cast<size_t>(n)]), size = n;
+    return data.get();
+  }
+};
 struct BlockBuffers {
-  std::unique_ptr<float[]> s, dp, part, rows;
-  std::unique_ptr<uint16_t[]> sb, dsb, go;
-  size_t s_n = 0, dp_n = 0, part_n = 0, rows_n = 0, sb_n = 0, dsb_n = 0, go_n = 0;
+  Scratch<float> s, dp, part, rows;
+  Scratch<uint16_t> sb, dsb, go;
 };
 thread_local BlockBuffers buffers;
 
@@ -127,6 +129,26 @@ struct Slices {
   }
   int64_t kv_at(int64_t i, int64_t t) const {  // d floats
     return ((i / kv * T + t) * kv + i % kv) * d;
+  }
+  // Slice i's rows of x [B, T, h, d] rounded into dst [T * rep, d].
+  void round_q_rows(int64_t i, const float* x, uint16_t* dst) const {
+    for (int64_t t = 0; t < T; ++t) round_to_bf16(x + q_at(i, t), dst + t * rep * d, rep * d);
+  }
+  // Slice i's rows of x [B, T, kv, d] rounded into dst [T, d].
+  void round_kv_rows(int64_t i, const float* x, uint16_t* dst) const {
+    for (int64_t t = 0; t < T; ++t) round_to_bf16(x + kv_at(i, t), dst + t * d, d);
+  }
+  // Rows [t0 * rep, end * rep) of slice i, src [(end - t0) * rep, d], into out [B, T, h, d].
+  void put_q_rows(int64_t i, int64_t t0, int64_t end, const float* src, float* out) const {
+    for (int64_t t = t0; t < end; ++t)
+      std::copy_n(src + (t - t0) * rep * d, rep * d, out + q_at(i, t));
+  }
+  // to [B, T, kv, d] += src [keys, d] at slice i's first `keys` positions.
+  void add_kv_rows(int64_t i, int64_t keys, const float* src, float* to) const {
+    for (int64_t t = 0; t < keys; ++t) {
+      float* row = to + kv_at(i, t);
+      for (int64_t j = 0; j < d; ++j) row[j] += src[t * d + j];
+    }
   }
 };
 
@@ -152,23 +174,20 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
       auto *q_i = static_cast<uint16_t*>(qb.data_ptr()) + i * M * d,
            *k_i = static_cast<uint16_t*>(kb.data_ptr()) + i * T * d,
            *v_i = static_cast<uint16_t*>(vb.data_ptr()) + i * T * d;
-      for (int64_t t = 0; t < T; ++t) {
-        round_to_bf16(q.data_ptr<float>() + sl.q_at(i, t), q_i + t * rep * d, rep * d);
-        round_to_bf16(k.data_ptr<float>() + sl.kv_at(i, t), k_i + t * d, d);
-        round_to_bf16(v.data_ptr<float>() + sl.kv_at(i, t), v_i + t * d, d);
-      }
+      sl.round_q_rows(i, q.data_ptr<float>(), q_i);
+      sl.round_kv_rows(i, k.data_ptr<float>(), k_i);
+      sl.round_kv_rows(i, v.data_ptr<float>(), v_i);
       float* st_i = stats.data_ptr<float>() + i * M * 2;
       BlockBuffers& b = buffers;
-      float* s = scratch(b.s, b.s_n, block * rep * T);        // [rows, end]
-      uint16_t* sb = scratch(b.sb, b.sb_n, block * rep * T);  // [rows, end]
-      float* o = scratch(b.rows, b.rows_n, block * rep * d);  // [rows, d]
+      float* s = b.s.get(block * rep * T);       // [rows, end]
+      uint16_t* sb = b.sb.get(block * rep * T);  // [rows, end]
+      float* o = b.rows.get(block * rep * d);    // [rows, d]
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
         gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
         softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
         gemm_bf16_rows('N', 'N', rows, d, end, sb, end, v_i, d, o, d);
-        for (int64_t t = t0; t < end; ++t)
-          std::copy_n(o + (t - t0) * rep * d, rep * d, out.data_ptr<float>() + sl.q_at(i, t));
+        sl.put_q_rows(i, t0, end, o, out.data_ptr<float>());
       }
     });
     ctx->save_for_backward({qb, kb, vb, stats});
@@ -196,21 +215,14 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
                      *v_i = bits(vb) + i * T * d;
       const float* st_i = stats.data_ptr<float>() + i * M * 2;
       BlockBuffers& b = buffers;
-      float* s = scratch(b.s, b.s_n, block * rep * T);           // [rows, end]
-      float* dp = scratch(b.dp, b.dp_n, block * rep * T);        // [rows, end]
-      float* part = scratch(b.part, b.part_n, T * d);            // [end, d]
-      float* dq = scratch(b.rows, b.rows_n, block * rep * d);    // [rows, d]
-      uint16_t* pb = scratch(b.sb, b.sb_n, block * rep * T);     // [rows, end]
-      uint16_t* dsb = scratch(b.dsb, b.dsb_n, block * rep * T);  // [rows, end]
-      uint16_t* go_i = scratch(b.go, b.go_n, M * d);             // [M, d] the slice's rows
-      for (int64_t t = 0; t < T; ++t)
-        round_to_bf16(go.data_ptr<float>() + sl.q_at(i, t), go_i + t * rep * d, rep * d);
-      auto add_part = [&](float* to, int64_t keys) {  // to [B, T, kv, d] at slice i
-        for (int64_t t = 0; t < keys; ++t) {
-          float* row = to + sl.kv_at(i, t);
-          for (int64_t j = 0; j < d; ++j) row[j] += part[t * d + j];
-        }
-      };
+      float* s = b.s.get(block * rep * T);         // [rows, end]
+      float* dp = b.dp.get(block * rep * T);       // [rows, end]
+      float* part = b.part.get(T * d);             // [end, d]
+      float* dq = b.rows.get(block * rep * d);     // [rows, d]
+      uint16_t* pb = b.sb.get(block * rep * T);    // [rows, end]
+      uint16_t* dsb = b.dsb.get(block * rep * T);  // [rows, end]
+      uint16_t* go_i = b.go.get(M * d);            // [M, d] the slice's rows
+      sl.round_q_rows(i, go.data_ptr<float>(), go_i);
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
         // s = q @ k^T again, dp = go @ v^T; then p, pb and ds.
@@ -219,12 +231,11 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
         softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
         // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q.
         gemm_bf16_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
-        add_part(gv.data_ptr<float>(), end);
+        sl.add_kv_rows(i, end, part, gv.data_ptr<float>());
         gemm_bf16_rows('N', 'N', rows, d, end, dsb, end, k_i, d, dq, d);
-        for (int64_t t = t0; t < end; ++t)
-          std::copy_n(dq + (t - t0) * rep * d, rep * d, gq.data_ptr<float>() + sl.q_at(i, t));
+        sl.put_q_rows(i, t0, end, dq, gq.data_ptr<float>());
         gemm_bf16_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
-        add_part(gk.data_ptr<float>(), end);
+        sl.add_kv_rows(i, end, part, gk.data_ptr<float>());
       }
     });
     return {gq, gk, gv, torch::Tensor()};

@@ -16,19 +16,22 @@ namespace minimind {
 namespace {
 
 // Rows [0, rows) of x [rows, E]: the k largest of each in descending order into out [rows, k],
-// each value placed by counting the values greater than it and equal to it (no NaNs).
-MINIMIND_CPU_CLONES void top_values_rows(const float* __restrict x, float* __restrict out,
+// each value placed by counting the values greater than it and equal to it. False at the
+// first NaN (a NaN equals nothing, so its place would stay unwritten).
+MINIMIND_CPU_CLONES bool top_values_rows(const float* __restrict x, float* __restrict out,
                                          int64_t rows, int64_t E, int64_t k) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * E;
     float* o = out + r * k;
     for (int64_t j = 0; j < E; ++j) {
       const float v = xr[j];
+      if (v != v) return false;
       int32_t greater = 0, equal = 0;
       for (int64_t i = 0; i < E; ++i) greater += xr[i] > v, equal += xr[i] == v;
       for (int64_t at = greater; at < greater + equal && at < k; ++at) o[at] = v;
     }
   }
+  return true;
 }
 
 }  // namespace
@@ -37,12 +40,13 @@ MINIMIND_CPU_CLONES void top_values_rows(const float* __restrict x, float* __res
 // [1024, 64], k = 17: a third of a layer's routing with the bench's 64 experts). A float32 x
 // with a NaN takes torch::topk.
 torch::Tensor top_values(const torch::Tensor& x, int64_t k) {
-  if (x.scalar_type() != torch::kFloat32 || x.dim() != 2 || x.isnan().any().item<bool>())
-    return std::get<0>(torch::topk(x, k, -1));
-  const torch::Tensor in = x.contiguous();
-  torch::Tensor out = torch::empty({x.size(0), k}, x.options());
-  top_values_rows(in.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), k);
-  return out;
+  if (x.scalar_type() == torch::kFloat32 && x.dim() == 2) {
+    const torch::Tensor in = x.contiguous();
+    torch::Tensor out = torch::empty({x.size(0), k}, x.options());
+    if (top_values_rows(in.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), k))
+      return out;
+  }
+  return std::get<0>(torch::topk(x, k, -1));
 }
 
 MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)

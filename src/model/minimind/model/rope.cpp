@@ -33,7 +33,8 @@ MINIMIND_CPU_CLONES void rotate_rows(const float* __restrict x, const float* __r
                                      int64_t r1, int64_t heads, int64_t T, int64_t d, int sign) {
   const int64_t half = d / 2;
   for (int64_t r = r0; r < r1; ++r) {
-    const float *xr = x + r * d, *c = cs + (r / heads) % T * d, *s = sn + (r / heads) % T * d;
+    const int64_t t = (r / heads) % T;  // the row's position
+    const float *xr = x + r * d, *c = cs + t * d, *s = sn + t * d;
     float* o = out + r * d;
     if (sign > 0) {
       for (int64_t j = 0; j < half; ++j) o[j] = xr[j] * c[j] - xr[j + half] * s[j];
@@ -71,8 +72,9 @@ struct Rotary : torch::autograd::Function<Rotary> {
                               const torch::Tensor& sin, int sign) {
     const int64_t half = x.size(-1) / 2;
     if (x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() &&
-        cos.scalar_type() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous() &&
-        cos.size(0) == x.size(1) && x.size(-1) % 2 == 0) {
+        cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+        cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == x.size(1) &&
+        x.size(-1) % 2 == 0) {
       // [B, T, h, d] float32: the same numbers in one pass over the cores.
       const int64_t heads = x.size(2), T = x.size(1), d = x.size(3);
       torch::Tensor out = torch::empty_like(x);

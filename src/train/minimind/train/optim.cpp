@@ -22,12 +22,13 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<torch::Ten
 namespace {
 
 // One AdamW update of n floats, in torch's order of operations and float roundings, on the
-// gradient g * g_scale (clipping's product, exact for 1): p *= decay; m = m * b1 + (1 - b1) * g; v
-// = v * b2 + (1 - b2) * g * g; p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into
-// fused multiply-adds is off so every machine rounds the same. The loop vectorises (AVX2 where the
-// CPU has it) only because the project builds with -fno-math-errno (src/CMakeLists.txt): with
-// errno, GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on the
-// bench MoE; checked with objdump).
+// gradient g = g * g_scale (clipping's product; exact for 1):
+// p *= decay; m = m * b1 + (1 - b1) * g; v = v * b2 + (1 - b2) * g * g;
+// p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps). Contraction into fused multiply-adds
+// is off so every machine rounds the same. The loop vectorises (AVX2 where the CPU has it)
+// only because the project builds with -fno-math-errno (src/CMakeLists.txt): with errno,
+// GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on
+// the bench MoE; checked with objdump).
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g, float g_scale,
                                       float* __restrict m, float* __restrict v, int64_t n,
