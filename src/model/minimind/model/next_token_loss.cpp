@@ -50,19 +50,27 @@ MINIMIND_CPU_CLONES void log_softmax_rows(const float* x, float* out, int64_t ro
 
 // One row of the loss's gradient from its log-probabilities: e^lsm * (-v), plus v at the
 // label (nll_loss's and log_softmax's backward, as NextTokenLoss forms them with ATen's
-// ops); a row of zeros for label < 0 (the last position, or an ignored label). out may be
-// lsm. With out_bf16, the row is also rounded to bf16 there.
-MINIMIND_CPU_CLONES void loss_gradient_row(const float* lsm, float* out, uint16_t* out_bf16,
-                                           int64_t V, int64_t label, float v) {
+// ops), in place; a row of zeros for label < 0 (the last position, or an ignored label).
+MINIMIND_CPU_CLONES void loss_gradient_row(float* lsm, int64_t V, int64_t label, float v) {
   if (label < 0) {
-    std::fill(out, out + V, 0.0f);
-  } else {
-#pragma GCC ivdep  // out is lsm or apart from it
-    for (int64_t j = 0; j < V; ++j) out[j] = exp_clamped(lsm[j]) * -v;
-    out[label] += v;
+    std::fill(lsm, lsm + V, 0.0f);
+    return;
   }
-  if (out_bf16)
-    for (int64_t j = 0; j < V; ++j) out_bf16[j] = bf16_bits(out[j]);
+  for (int64_t j = 0; j < V; ++j) lsm[j] = exp_clamped(lsm[j]) * -v;
+  lsm[label] += v;
+}
+
+// One row x [V] of logits with its label, in place (bf16 training's head and loss): returns
+// the label's log-probability, (x - max) - log(sum(e^(x - max))) at the label, bit for bit
+// as log_softmax_rows forms it, and rounds the row's gradient for a unit upstream gradient,
+// onehot(label) - softmax(x), into u. x is left holding e^(x - max).
+MINIMIND_CPU_CLONES float loss_row(float* __restrict x, uint16_t* __restrict u, int64_t V,
+                                   int64_t label) {
+  const float mx = max_lanes(x, V), at_label = x[label];
+  const float sum = exp_sum_lanes(x, V, mx), inv = 1.0f / sum;
+  for (int64_t j = 0; j < V; ++j) u[j] = bf16_bits(-(x[j] * inv));
+  u[label] = bf16_bits(1.0f - x[label] * inv);
+  return (at_label - mx) - std::log(sum);
 }
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
@@ -74,6 +82,29 @@ enum class Kernels : bool { aten, own };
 struct LossSaved {
   torch::Tensor loss, safe, counted, total_weight;  // [], [B, T-1] x2, []
 };
+
+// The labels' mask: safe [B, T-1], the labels with the ignored ones at 0, and counted
+// [B, T-1], whether a label counts (labels[:, t] for t >= 1 are the targets of t - 1).
+struct LabelMask {
+  torch::Tensor safe, counted;
+  explicit LabelMask(const torch::Tensor& labels) {
+    const torch::Tensor targets = labels.narrow(1, 1, labels.size(1) - 1);  // [B, T-1]
+    counted = targets != kIgnore;
+    safe = targets.masked_fill(counted.logical_not(), 0);
+  }
+};
+
+// The loss from the labels' log-probabilities picked [B*(T-1), 1] (any value at an ignored
+// label), as nll_loss's input of one class per row: the rows, their order and the ignored
+// ones are those of the sliced form.
+LossSaved nll_of_picked(const torch::Tensor& picked, const LabelMask& mask, bool mean) {
+  const torch::Tensor nll_targets = torch::full_like(mask.safe, kIgnore)
+                                        .masked_fill_(mask.counted, 0)
+                                        .reshape({-1});  // [B*(T-1)]
+  const auto reduction = mean ? at::Reduction::Mean : at::Reduction::Sum;
+  auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
+  return {loss, mask.safe, mask.counted, total_weight};
+}
 
 // The loss from flat logits [B*T, V], overwritten by their log-probabilities (lsm may be
 // logits itself: each row is read whole before it is written).
@@ -87,20 +118,12 @@ LossSaved log_softmax_nll(const torch::Tensor& flat, torch::Tensor lsm, const to
     else
       at::_log_softmax_out(out, flat.narrow(0, r0, n), 1, false);
   });
-  const torch::Tensor targets = labels.narrow(1, 1, T - 1);                  // [B, T-1]
-  const torch::Tensor counted = targets != kIgnore;                          // [B, T-1]
-  const torch::Tensor safe = targets.masked_fill(counted.logical_not(), 0);  // [B, T-1]
-  // The log-probability of each label, as nll_loss's input of one class per row: the
-  // rows, their order and the ignored ones are those of the sliced form.
+  const LabelMask mask(labels);
   const torch::Tensor picked = lsm.view({B, T, V})
                                    .narrow(1, 0, T - 1)
-                                   .gather(2, safe.unsqueeze(-1))
+                                   .gather(2, mask.safe.unsqueeze(-1))
                                    .reshape({B * (T - 1), 1});  // [B*(T-1), 1]
-  const torch::Tensor nll_targets =
-      torch::full_like(safe, kIgnore).masked_fill_(counted, 0).reshape({-1});  // [B*(T-1)]
-  const auto reduction = mean ? at::Reduction::Mean : at::Reduction::Sum;
-  auto [loss, total_weight] = at::nll_loss_forward(picked, nll_targets, {}, reduction, kIgnore);
-  return {loss, safe, counted, total_weight};
+  return nll_of_picked(picked, mask, mean);
 }
 
 // v = -(grad / total weight) (mean) or -grad (sum): what nll_loss's backward puts at each
@@ -109,27 +132,21 @@ torch::Tensor label_gradient(const torch::Tensor& g, const torch::Tensor& total_
   return (mean ? g / total_weight : g).neg();
 }
 
-void save(AutogradContext* ctx, const LossSaved& s, const torch::Tensor& lsm, bool mean,
-          variable_list more = {}) {
-  variable_list all{lsm, s.safe, s.counted, s.total_weight};
-  all.insert(all.end(), more.begin(), more.end());
-  ctx->save_for_backward(all);
+void save(AutogradContext* ctx, const LossSaved& s, const torch::Tensor& lsm, bool mean) {
+  ctx->save_for_backward({lsm, s.safe, s.counted, s.total_weight});
   ctx->saved_data["mean"] = mean;
 }
 
-// The gradient of rows [r0, r0 + n) of lsm [B*T, V] with the own loops: in place in lsm
-// (bf16 == nullptr), or rounded into bf16 [B*T, V] through a row in cache (lsm unchanged).
+// The gradient of rows [r0, r0 + n) of lsm [B*T, V] with the own loops, in place.
 // label, is_counted: [B, T-1].
-void own_loss_gradient(const torch::Tensor& lsm, uint16_t* bf16, int64_t r0, int64_t n,
-                       const int64_t* label, const bool* is_counted, int64_t T, float v) {
+void own_loss_gradient(const torch::Tensor& lsm, int64_t r0, int64_t n, const int64_t* label,
+                       const bool* is_counted, int64_t T, float v) {
   const int64_t V = lsm.size(1);
-  std::vector<float> row(bf16 ? static_cast<size_t>(V) : 0);
-  float* in = lsm.data_ptr<float>() + r0 * V;
-  for (int64_t r = r0; r < r0 + n; ++r, in += V) {
+  float* row = lsm.data_ptr<float>() + r0 * V;
+  for (int64_t r = r0; r < r0 + n; ++r, row += V) {
     const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
     // The last position predicts nothing; an ignored label's row is zero.
-    const int64_t target = t == T - 1 || !is_counted[at] ? -1 : label[at];
-    loss_gradient_row(in, bf16 ? row.data() : in, bf16 ? bf16 + r * V : nullptr, V, target, v);
+    loss_gradient_row(row, V, t == T - 1 || !is_counted[at] ? -1 : label[at], v);
   }
 }
 
@@ -167,7 +184,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
       const LabelRows rows(safe, counted);
       const float v_value = v.item<float>();
       run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
-        own_loss_gradient(grad, nullptr, r0, n, rows.label(), rows.is_counted(), T, v_value);
+        own_loss_gradient(grad, r0, n, rows.label(), rows.is_counted(), T, v_value);
       });
       return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
@@ -184,20 +201,50 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
 };
 
 // The head's product and the loss as one node in bf16: logits [B*T, V] = bf16(h) @ bf16(w)^T
-// with fp32 sums (as project() computes them), the loss as NextTokenLoss with the own loops,
-// and a backward that forms each row of the logits' gradient in cache and rounds it to bf16
-// as it goes: the same numbers as NextTokenLoss's gradient rounded by the head's product,
-// without writing [B*T, V] floats back. The log-probabilities overwrite the logits, which
-// nobody reads in training.
+// with fp32 sums (as project() computes them), then in one pass over each row its softmax,
+// the label's log-probability and the row's gradient for a unit upstream gradient,
+// onehot - softmax, rounded to bf16 for the backward's products. The backward scales their
+// fp32 results by the upstream gradient (the mean's 1 / count included): the logits'
+// gradient is a multiple of that one matrix.
+//
+// Why: the unfused form wrote the log-probabilities over the logits and formed the gradient
+// from them in the backward, running e^x over [B*T, V] twice, the largest elementwise work of
+// a bf16 step; here it runs once, and the backward has no pass over [B*T, V] of its own. The
+// loss is bitwise the unfused one; the gradients differ from it in how they round:
+// bf16(onehot - p) scaled after the products, where the unfused form rounds v (onehot - p).
+// Forming the logits 32 or 64 rows at a time in cache was no faster: the row loops are
+// bound by e^x, not memory, and the head's product ran 20-35 % slower in row blocks
+// (minimind-bench's machine, 2026-12-05).
 struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
     const torch::Tensor hs = to_bf16(h.reshape({-1, h.size(-1)}));  // [B*T, H]
     const torch::Tensor ws = to_bf16(w, /*parameter=*/true);        // [V, H]
-    torch::Tensor logits;                                           // [B*T, V]
+    const int64_t B = labels.size(0), T = labels.size(1), V = ws.size(0);
+    torch::Tensor logits;  // [B*T, V]
     in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), Precision::bf16); });
-    const LossSaved s = log_softmax_nll(logits, logits, labels, mean, Kernels::own);
-    save(ctx, s, logits, mean, {hs, ws});
+    const LabelMask mask(labels);
+    const LabelRows rows(mask.safe, mask.counted);
+    torch::Tensor picked = torch::zeros({B * (T - 1), 1}, h.options());  // [B*(T-1), 1]
+    torch::Tensor unit = torch::empty({B * T, V}, h.options().dtype(torch::kBFloat16));
+    auto* unit_bits = static_cast<uint16_t*>(unit.data_ptr());
+    float* picked_at = picked.data_ptr<float>();
+    float* x = logits.data_ptr<float>();
+    run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
+        uint16_t* u = unit_bits + r * V;
+        // The last position predicts nothing; an ignored label's row is zero.
+        if (t == T - 1 || !rows.is_counted()[at]) {
+          std::fill(u, u + V, uint16_t{0});
+          continue;
+        }
+        picked_at[at] = loss_row(x + r * V, u, V, rows.label()[at]);
+      }
+    });
+    const LossSaved s = nll_of_picked(picked, mask, mean);
+    ctx->save_for_backward({unit, s.total_weight, hs, ws});
+    ctx->saved_data["mean"] = mean;
     ctx->saved_data["h_shape"] = h.sizes().vec();
     return s.loss;
   }
@@ -205,21 +252,14 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const StepScope part(StepPart::loss);
     const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor& lsm = saved[0];  // [B*T, V]
-    const torch::Tensor &safe = saved[1], &counted = saved[2], &total_weight = saved[3];
-    const torch::Tensor &hs = saved[4], &ws = saved[5];
-    const int64_t B = safe.size(0), T = safe.size(1) + 1, V = lsm.size(1);
+    const torch::Tensor &unit = saved[0], &total_weight = saved[1], &hs = saved[2], &ws = saved[3];
+    // The logits' gradient is v * (onehot - p) = v * unit (NextTokenLoss's backward).
     const float v =
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool()).item<float>();
-    const LabelRows rows(safe, counted);
-    torch::Tensor gb = torch::empty({B * T, V}, lsm.options().dtype(torch::kBFloat16));
-    auto* gb_bits = static_cast<uint16_t*>(gb.data_ptr());
-    run_row_blocks(B * T, 32, [&](int64_t r0, int64_t n) {
-      own_loss_gradient(lsm, gb_bits, r0, n, rows.label(), rows.is_counted(), T, v);
-    });
     torch::Tensor gh, gw;
-    in_part(StepPart::product_grad_input, [&] { gh = matmul(gb, ws, Precision::bf16); });
-    in_part(StepPart::product_grad_weight, [&] { gw = matmul(gb.t(), hs, Precision::bf16); });
+    in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, Precision::bf16); });
+    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, Precision::bf16); });
+    gh.mul_(v), gw.mul_(v);
     return {gh.view(ctx->saved_data["h_shape"].toIntVector()), gw, torch::Tensor(),
             torch::Tensor()};
   }

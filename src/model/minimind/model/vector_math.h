@@ -101,6 +101,23 @@ __attribute__((always_inline)) inline float sum_exp_lanes(const float* x, int64_
   for (float l : lanes) sum += l;
   return sum;
 }
+// sum_exp_lanes, also leaving e^(x[j] - shift) in x[j] (the loss's softmax, in one pass).
+__attribute__((always_inline)) inline float exp_sum_lanes(float* x, int64_t n, float shift) {
+  float lanes[kLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) {
+      x[j0 + l] = exp_clamped(x[j0 + l] - shift);
+      lanes[l] += x[j0 + l];
+    }
+  float sum = 0;
+  for (int64_t j = j0; j < n; ++j) {
+    x[j] = exp_clamped(x[j] - shift);
+    sum += x[j];
+  }
+  for (float l : lanes) sum += l;
+  return sum;
+}
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
 
