@@ -42,28 +42,143 @@ inline int64_t padded(int64_t seen, int64_t end) {
   return up < end ? up : end;
 }
 
+// Where row r of a block starts, and what it sees: query position r / rep sees keys
+// [0, r / rep]; its loops run to n = padded(seen, end).
+struct BlockRow {
+  int64_t at, seen, n;
+  BlockRow(int64_t r, int64_t r0, int64_t ld, int64_t rep, int64_t end)
+      : at((r - r0) * ld), seen(r / rep + 1), n(padded(r / rep + 1, end)) {}
+};
+
+// The rows are taken kGroup at a time when they run to the same n (the query heads of one
+// position always do): their loops run together, with the group's partial maxima and sums
+// in registers at once. One row alone, 8 vectors on average at T = 256, made each reduction
+// a chain of dependent steps; grouping 4 rows took the forward's loops from 1.13 to 0.74 ns
+// per element (a standalone harness, bit for bit the same numbers).
+constexpr int kGroup = 4;
+
+// Rows r .. r + G - 1 of softmax_rows, all running to the same n.
+template <int G>
+__attribute__((always_inline)) inline void softmax_group(float* __restrict s,
+                                                         uint16_t* __restrict sb, int64_t ld,
+                                                         int64_t r0, int64_t r, int64_t rep,
+                                                         int64_t end, float scale,
+                                                         float* __restrict stats) {
+  float* row[G];
+  int64_t seen[G];
+  for (int g = 0; g < G; ++g) {
+    const BlockRow br(r + g, r0, ld, rep, end);
+    row[g] = s + br.at, seen[g] = br.seen;
+  }
+  const int64_t n = padded(seen[0], end);
+  // The keys between `seen` and n score -inf: e^x gives them e^-87 (it clamps there), far
+  // below the last bit of a sum that holds the maximum's e^0 = 1; they are zeroed below.
+  for (int g = 0; g < G; ++g)
+    for (int64_t j = seen[g]; j < n; ++j) row[g][j] = -__builtin_inff();
+  // s / scale and its maximum (max_lanes' order: lanes, then the tail, then the lanes).
+  Lanes lanes[G];
+  for (Lanes& l : lanes) l = all_lanes(-__builtin_inff());
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int g = 0; g < G; ++g) {
+      const Lanes x = load_lanes(row[g] + j0) / scale;
+      store_lanes(row[g] + j0, x);
+      lanes[g] = x > lanes[g] ? x : lanes[g];
+    }
+  float mx[G], sum[G];
+  for (int g = 0; g < G; ++g) {
+    mx[g] = -__builtin_inff();
+    for (int64_t j = j0; j < n; ++j) {
+      row[g][j] = row[g][j] / scale;
+      mx[g] = row[g][j] > mx[g] ? row[g][j] : mx[g];
+    }
+    for (int64_t l = 0; l < kLanes; ++l) mx[g] = lanes[g][l] > mx[g] ? lanes[g][l] : mx[g];
+  }
+  // e^(x - max) and its sum (sum_lanes' order).
+  for (Lanes& l : lanes) l = Lanes{};
+  for (j0 = 0; j0 + kLanes <= n; j0 += kLanes)
+    for (int g = 0; g < G; ++g) {
+      const Lanes e = exp_clamped(load_lanes(row[g] + j0) - mx[g]);
+      store_lanes(row[g] + j0, e);
+      lanes[g] += e;
+    }
+  for (int g = 0; g < G; ++g) {
+    sum[g] = 0;
+    for (int64_t j = j0; j < n; ++j) sum[g] += row[g][j] = exp_clamped(row[g][j] - mx[g]);
+    for (int64_t l = 0; l < kLanes; ++l) sum[g] += lanes[g][l];
+  }
+  for (int g = 0; g < G; ++g) {
+    const float inv = 1.0f / sum[g];
+    uint16_t* brow = sb + (row[g] - s);
+    for (int64_t j = 0; j < n; ++j) brow[j] = bf16_bits(row[g][j] * inv);
+    for (int64_t j = seen[g]; j < end; ++j) brow[j] = 0;
+    stats[2 * (r + g - r0)] = mx[g], stats[2 * (r + g - r0) + 1] = inv;
+  }
+}
+
 // Rows [r0, r1) of one block's scores s [.., ld] (the product's output, in place): row r is
 // query position r / rep, which sees keys [0, r / rep]. sb = softmax(s / scale) over them,
 // rounded, 0 over the keys after it up to `end`; stats gets each row's (max, 1 / sum), from
-// which softmax_backward_rows forms the same numbers again. Each step is a loop of its own
-// over the row (so each vectorises): scale, maximum, e^x, sum, normalise and round.
+// which softmax_backward_rows forms the same numbers again.
 MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, uint16_t* __restrict sb, int64_t ld,
                                       int64_t r0, int64_t r1, int64_t rep, int64_t end, float scale,
                                       float* __restrict stats) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* row = s + (r - r0) * ld;
-    uint16_t* brow = sb + (r - r0) * ld;
-    const int64_t seen = r / rep + 1, n = padded(seen, end);
-    // The keys between `seen` and n score -inf: e^x gives them e^-87 (it clamps there), far
-    // below the last bit of a sum that holds the maximum's e^0 = 1; they are zeroed below.
-    for (int64_t j = seen; j < n; ++j) row[j] = -__builtin_inff();
-    for (int64_t j = 0; j < n; ++j) row[j] = row[j] / scale;
-    const float mx = max_lanes(row, n);
-    for (int64_t j = 0; j < n; ++j) row[j] = exp_clamped(row[j] - mx);
-    const float inv = 1.0f / sum_lanes(row, n);
-    for (int64_t j = 0; j < n; ++j) brow[j] = bf16_bits(row[j] * inv);
-    for (int64_t j = seen; j < end; ++j) brow[j] = 0;
-    stats[2 * (r - r0)] = mx, stats[2 * (r - r0) + 1] = inv;
+  for (int64_t r = r0; r < r1;) {
+    if (r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end)) {
+      softmax_group<kGroup>(s, sb, ld, r0, r, rep, end, scale, stats);
+      r += kGroup;
+    } else {
+      softmax_group<1>(s, sb, ld, r0, r, rep, end, scale, stats);
+      r += 1;
+    }
+  }
+}
+
+// Rows r .. r + G - 1 of softmax_backward_rows, all running to the same n.
+template <int G>
+__attribute__((always_inline)) inline void softmax_backward_group(
+    float* __restrict s, uint16_t* __restrict pb, const float* __restrict dp,
+    uint16_t* __restrict dsb, int64_t ld, int64_t r0, int64_t r, int64_t rep, int64_t end,
+    float scale, const float* __restrict stats) {
+  static const LaneInts kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kLanes == 16, "kIota lists the lanes");
+  float* p[G];
+  int64_t seen[G];
+  float mx[G], inv[G], dot[G];
+  for (int g = 0; g < G; ++g) {
+    const BlockRow br(r + g, r0, ld, rep, end);
+    p[g] = s + br.at, seen[g] = br.seen;
+    mx[g] = stats[2 * (r + g - r0)], inv[g] = stats[2 * (r + g - r0) + 1];
+  }
+  const int64_t n = padded(seen[0], end);
+  // p again (0 after `seen`), and sum(dp * p) in dot_lanes' order.
+  Lanes lanes[G];
+  for (Lanes& l : lanes) l = Lanes{};
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= n; j0 += kLanes)
+    for (int g = 0; g < G; ++g) {
+      Lanes x = exp_clamped(load_lanes(p[g] + j0) / scale - mx[g]) * inv[g];
+      x = kIota + static_cast<int32_t>(j0) < static_cast<int32_t>(seen[g]) ? x : Lanes{};
+      store_lanes(p[g] + j0, x);
+      lanes[g] += load_lanes(dp + (p[g] - s) + j0) * x;
+    }
+  for (int g = 0; g < G; ++g) {
+    const float* dp_g = dp + (p[g] - s);
+    dot[g] = 0;
+    for (int64_t j = j0; j < n; ++j) {
+      p[g][j] = j < seen[g] ? exp_clamped(p[g][j] / scale - mx[g]) * inv[g] : 0.0f;
+      dot[g] += dp_g[j] * p[g][j];
+    }
+    for (int64_t l = 0; l < kLanes; ++l) dot[g] += lanes[g][l];
+  }
+  // pb = p rounded; ds = p * (dp - dot) / scale rounded, 0 after `seen`.
+  for (int g = 0; g < G; ++g) {
+    const float* dp_g = dp + (p[g] - s);
+    uint16_t *pb_g = pb + (p[g] - s), *ds_g = dsb + (p[g] - s);
+    for (int64_t j = n; j < end; ++j) p[g][j] = 0.0f;
+    for (int64_t j = 0; j < end; ++j) pb_g[j] = bf16_bits(p[g][j]);
+    for (int64_t j = 0; j < n; ++j) ds_g[j] = bf16_bits((p[g][j] * (dp_g[j] - dot[g])) / scale);
+    for (int64_t j = seen[g]; j < end; ++j) ds_g[j] = 0;
   }
 }
 
@@ -77,18 +192,14 @@ MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, uint16_t* __
                                                int64_t ld, int64_t r0, int64_t r1, int64_t rep,
                                                int64_t end, float scale,
                                                const float* __restrict stats) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* p_r = s + (r - r0) * ld;
-    const float* dp_r = dp + (r - r0) * ld;
-    uint16_t *pb_r = pb + (r - r0) * ld, *ds_r = dsb + (r - r0) * ld;
-    const int64_t seen = r / rep + 1, n = padded(seen, end);
-    const float mx = stats[2 * (r - r0)], inv = stats[2 * (r - r0) + 1];
-    for (int64_t j = 0; j < n; ++j) p_r[j] = exp_clamped(p_r[j] / scale - mx) * inv;
-    for (int64_t j = seen; j < end; ++j) p_r[j] = 0.0f;
-    for (int64_t j = 0; j < end; ++j) pb_r[j] = bf16_bits(p_r[j]);
-    const float dot = dot_lanes(dp_r, p_r, n);
-    for (int64_t j = 0; j < n; ++j) ds_r[j] = bf16_bits((p_r[j] * (dp_r[j] - dot)) / scale);
-    for (int64_t j = seen; j < end; ++j) ds_r[j] = 0;
+  for (int64_t r = r0; r < r1;) {
+    if (r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end)) {
+      softmax_backward_group<kGroup>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
+      r += kGroup;
+    } else {
+      softmax_backward_group<1>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
+      r += 1;
+    }
   }
 }
 MINIMIND_NO_TRAPS_END

@@ -27,9 +27,11 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
                               bool mean = true);
 
 // bf16 training's head and loss in one node: next_token_loss(project(h, w)) with the products
-// in bf16 (h [B, T, H] float, w [V, H] float), the same loss and gradients bit for bit
-// (tested), but the logits' gradient is formed and rounded to bf16 in cache, block by block,
-// in place of two more passes over the [B*T, V] floats. The logits are not returned.
+// in bf16 (h [B, T, H] float, w [V, H] float), the same loss bit for bit (tested). One pass
+// per row forms the loss and the logits' gradient for a unit upstream gradient in bf16; the
+// backward scales its products by the upstream gradient, so the gradients round as
+// v * bf16(onehot - p), not bf16(v * (onehot - p)) (tested against that formula). The logits
+// are not returned.
 torch::Tensor head_next_token_loss_bf16(const torch::Tensor& h, const torch::Tensor& w,
                                         const torch::Tensor& labels, bool mean = true);
 

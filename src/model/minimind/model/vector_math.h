@@ -54,6 +54,43 @@ __attribute__((always_inline)) inline float max_lanes(const float* x, int64_t n)
   return mx;
 }
 
+// kLanes floats as one value (GCC's vector extension: one AVX-512 register, two AVX2 ones or
+// four SSE ones, by the clone being compiled), for loops that carry several rows' partial
+// results at once: written as scalar lanes, GCC kept such loops' partial results in memory.
+// Each operation is elementwise IEEE arithmetic, so a row's numbers are those of the scalar
+// helpers here bit for bit. Always inlined: no call passes a Lanes (src/CMakeLists.txt).
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t LaneInts __attribute__((vector_size(kLanes * sizeof(int32_t))));
+__attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+__attribute__((always_inline)) inline void store_lanes(float* p, const Lanes& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+__attribute__((always_inline)) inline Lanes all_lanes(float x) {
+  return Lanes{} + x;
+}
+// exp_clamped on each lane: its operations in its order.
+__attribute__((always_inline)) inline Lanes exp_clamped(Lanes x) {
+  const Lanes lo = all_lanes(-87.0f), hi = all_lanes(88.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  constexpr float kRound = 12582912.0f;
+  const Lanes n = (x * 1.44269504088896341f + kRound) - kRound;
+  const Lanes r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  Lanes p = all_lanes(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const LaneInts bits = (__builtin_convertvector(n, LaneInts) + 127) << 23;
+  return p * __builtin_bit_cast(Lanes, bits);
+}
+
 // sum(x[j] * y[j]) over j < n in kLanes partial sums, then the tail, then the lanes in order.
 // Y is float, or uint16_t for bf16 bits (widened exactly). The callers must be compiled under
 // the same pragmas as this file's region (no FMA, no traps): GCC inlines only across equal
