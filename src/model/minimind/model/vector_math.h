@@ -15,27 +15,6 @@ namespace minimind {
 // Compiled as its callers must be (util/cpu_clones.h): no contraction to FMA, no traps.
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-// e^x for x in [-87, 88] (clamped there), to about 2 ulp: x = n ln 2 + r with |r| <= ln 2 /
-// 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits.
-inline float exp_clamped(float x) {
-  x = x < -87.0f ? -87.0f : x;  // selects (and no floor), so that the loops vectorise
-  x = x > 88.0f ? 88.0f : x;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
 // The reductions' partial results: one AVX-512 register of floats. The lanes are combined in
 // a fixed order, so a row's result does not depend on the machine.
 constexpr int64_t kLanes = 16;
@@ -72,23 +51,42 @@ __attribute__((always_inline)) inline void store_lanes(float* p, const Lanes& v)
 __attribute__((always_inline)) inline Lanes all_lanes(float x) {
   return Lanes{} + x;
 }
-// exp_clamped on each lane: its operations in its order.
-__attribute__((always_inline)) inline Lanes exp_clamped(Lanes x) {
-  const Lanes lo = all_lanes(-87.0f), hi = all_lanes(88.0f);
-  x = x < lo ? lo : x;
+// 2^n for an integral n in float range, from its exponent bits.
+inline float pow2_integral(float n) {
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return scale;
+}
+__attribute__((always_inline)) inline Lanes pow2_integral(const Lanes& n) {
+  return __builtin_bit_cast(Lanes, (__builtin_convertvector(n, LaneInts) + 127) << 23);
+}
+
+// e^x for x in [-87, 88] (clamped there), to about 2 ulp: x = n ln 2 + r with |r| <= ln 2 /
+// 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits. F is float, or Lanes for
+// each lane: the same operations in the same order.
+template <typename F>
+__attribute__((always_inline)) inline F exp_clamped_of(F x) {
+  const F lo = F{} + -87.0f, hi = F{} + 88.0f;
+  x = x < lo ? lo : x;  // selects (and no floor), so that the loops vectorise
   x = x > hi ? hi : x;
-  constexpr float kRound = 12582912.0f;
-  const Lanes n = (x * 1.44269504088896341f + kRound) - kRound;
-  const Lanes r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  Lanes p = all_lanes(1.9875691500e-4f);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const F n = (x * 1.44269504088896341f + kRound) - kRound;
+  const F r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln 2 in two parts
+  F p = F{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const LaneInts bits = (__builtin_convertvector(n, LaneInts) + 127) << 23;
-  return p * __builtin_bit_cast(Lanes, bits);
+  return p * pow2_integral(n);
+}
+inline float exp_clamped(float x) {
+  return exp_clamped_of(x);
+}
+__attribute__((always_inline)) inline Lanes exp_clamped(const Lanes& x) {
+  return exp_clamped_of(x);
 }
 
 // sum(x[j] * y[j]) over j < n in kLanes partial sums, then the tail, then the lanes in order.
