@@ -36,6 +36,7 @@
 #include "minimind/train/train_step.h"
 #include "minimind/train/trainer.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/matmul.h"
 #include "minimind/util/side_by_side.h"
 #include "support/test_support.h"
 
@@ -208,6 +209,41 @@ TEST(FusedAdamW, ClippingHandedToTheStepGivesTheNumbersOfClippingFirst) {
       EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg())) << i;
       EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq())) << i;
     }
+  }
+}
+
+// bf16 training rounds each weight once per step into a kept copy (to_bf16, and
+// to_bf16_cat for an expert's stacked gate and up). FusedAdamW writes those copies as it
+// updates the weights: after a step the cache hands out the same buffers, now holding the
+// new weights rounded, bit for bit, without rounding again. A copy that something else
+// still holds (a graph that saved it) keeps its numbers, and the next call rounds afresh.
+TEST(FusedAdamW, WritesTheKeptBf16CopiesAsItUpdates) {
+  torch::manual_seed(8);
+  TrainConfig tc;
+  tc.weight_decay = 0.1;
+  std::vector<torch::Tensor> params;
+  for (const auto& shape :
+       std::vector<std::vector<int64_t>>{{300, 700}, {40, 64}, {24, 64}, {33}, {50, 8}})
+    params.push_back(torch::randn(shape).requires_grad_());
+  const torch::Tensor &a = params[0], &b = params[1], &c = params[2], &e = params[4];
+  auto opt = make_optimizer(params, tc);
+  auto rounded = [](const torch::Tensor& x) { return x.detach().to(torch::kBFloat16); };
+  for (int step = 1; step <= 2; ++step) {
+    const void* a_buffer = to_bf16(a, /*parameter=*/true).data_ptr();
+    const void* bc_buffer = to_bf16_cat({b, c}).data_ptr();
+    const torch::Tensor held = to_bf16(e, /*parameter=*/true);  // as a saved graph would
+    const torch::Tensor held_before = held.clone();
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes());
+    opt->step();
+    const torch::Tensor a_copy = to_bf16(a, true), bc_copy = to_bf16_cat({b, c});
+    EXPECT_EQ(a_copy.data_ptr(), a_buffer) << "step " << step << ": rounded again";
+    EXPECT_EQ(bc_copy.data_ptr(), bc_buffer) << "step " << step << ": rounded again";
+    EXPECT_TRUE(torch::equal(a_copy, rounded(a))) << step;
+    EXPECT_TRUE(torch::equal(bc_copy, torch::cat({rounded(b), rounded(c)}))) << step;
+    EXPECT_TRUE(torch::equal(held, held_before)) << "a held copy was overwritten";
+    const torch::Tensor e_copy = to_bf16(e, true);
+    EXPECT_NE(e_copy.data_ptr(), held.data_ptr());
+    EXPECT_TRUE(torch::equal(e_copy, rounded(e))) << step;
   }
 }
 

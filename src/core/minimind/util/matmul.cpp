@@ -221,7 +221,25 @@ class Bf16Copies {
     const std::lock_guard<std::mutex> lock(mutex_);
     sweep();
     copies_[key] = std::move(c);
+    int64_t offset = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts_[parts[i].unsafeGetTensorImpl()] = {key, i, offset};
+      offset += parts[i].numel();
+    }
     return copy;
+  }
+
+  // p's values in the copy made from it, if only this map holds the copy.
+  uint16_t* rows_of(const torch::Tensor& p) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    Copy* c = copy_of(p);
+    if (c == nullptr || c->copy.use_count() != 1) return nullptr;
+    return static_cast<uint16_t*>(c->copy.data_ptr()) + parts_.at(p.unsafeGetTensorImpl()).offset;
+  }
+  void written(const torch::Tensor& p) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (Copy* c = copy_of(p))
+      c->versions[parts_.at(p.unsafeGetTensorImpl()).index] = static_cast<int64_t>(p._version());
   }
 
  private:
@@ -231,6 +249,25 @@ class Bf16Copies {
     std::vector<int64_t> versions;
     torch::Tensor copy;
   };
+  // Where a parameter's values sit: its copy, its place among the copy's parts, and the
+  // offset of its first value.
+  struct Part {
+    Key key;
+    size_t index;
+    int64_t offset;
+  };
+
+  // The live copy made from p (p still the part it was made from), or nullptr.
+  Copy* copy_of(const torch::Tensor& p) {
+    const auto part = parts_.find(p.unsafeGetTensorImpl());
+    if (part == parts_.end()) return nullptr;
+    const auto it = copies_.find(part->second.key);
+    if (it == copies_.end() || it->second.sources.size() <= part->second.index ||
+        it->second.sources[part->second.index].lock().get() != p.unsafeGetTensorImpl() ||
+        !p.is_contiguous() || p.scalar_type() != torch::kFloat32)
+      return nullptr;
+    return &it->second;
+  }
 
   static std::vector<int64_t> versions_of(const std::vector<torch::Tensor>& parts) {
     std::vector<int64_t> v;
@@ -273,11 +310,14 @@ class Bf16Copies {
     if (copies_.size() < 2 * swept_size_) return;
     for (auto it = copies_.begin(); it != copies_.end();)
       it = it->second.sources[0].expired() ? copies_.erase(it) : std::next(it);
+    for (auto it = parts_.begin(); it != parts_.end();)
+      it = copies_.count(it->second.key) ? std::next(it) : parts_.erase(it);
     swept_size_ = std::max<size_t>(copies_.size(), 16);
   }
 
   std::mutex mutex_;
   std::map<Key, Copy> copies_;
+  std::map<const c10::TensorImpl*, Part> parts_;
   size_t swept_size_ = 0;
 };
 
@@ -350,6 +390,14 @@ void remember_bf16(const torch::Tensor& x, const torch::Tensor& copy) {
               "remember_bf16: a float32 tensor and its contiguous bfloat16 copy");
   if (x.is_inference()) return;  // no version counter to check
   last_rounded = {x.detach(), copy, static_cast<int64_t>(x._version())};
+}
+
+uint16_t* bf16_copy_rows(const torch::Tensor& p) {
+  return bf16_copies().rows_of(p);
+}
+
+void bf16_copy_written(const torch::Tensor& p) {
+  bf16_copies().written(p);
 }
 
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {

@@ -77,6 +77,15 @@ void remember_bf16(const torch::Tensor& x, const torch::Tensor& copy);
 // weights, for one product over both).
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters);
 
+// For an optimizer that updates a parameter p through its pointer: where the rounded copy
+// that to_bf16 or to_bf16_cat keeps of p holds p's numel() values, so that the update writes
+// them (bf16_bits of each new value) as it writes p, instead of the next step rounding p
+// again; nullptr when there is no such copy or something besides the cache holds it (a graph
+// that saved it, which must keep its numbers). Once written, bf16_copy_written(p) makes the
+// copy current for p's new version.
+uint16_t* bf16_copy_rows(const torch::Tensor& p);
+void bf16_copy_written(const torch::Tensor& p);
+
 // x rounded to the nearest bfloat16, ties to even, NaN to the quiet NaN: c10::BFloat16's
 // rounding bit for bit, inline so that the loops calling it vectorise.
 inline uint16_t bf16_bits(float x) {

@@ -7,6 +7,7 @@
 
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
+#include "minimind/util/matmul.h"
 
 namespace minimind {
 
@@ -29,12 +30,15 @@ namespace {
 // only because the project builds with -fno-math-errno (src/CMakeLists.txt): with errno,
 // GCC kept a scalar sqrt, two divisions and an errno branch per float (40 ms per step on
 // the bench MoE; checked with objdump).
+// With pb, the new p rounded to bf16 goes there too (bf16 training's kept copy of p, see
+// bf16_copy_rows): the products' next rounding of p, without a pass of its own.
 MINIMIND_NO_FMA_BEGIN
+template <bool kRound>
 MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restrict g, float g_scale,
-                                      float* __restrict m, float* __restrict v, int64_t n,
-                                      float decay, float b1, float one_minus_b1, float b2,
-                                      float one_minus_b2, float sqrt_bc2, float eps,
-                                      float neg_step_size) {
+                                      float* __restrict m, float* __restrict v,
+                                      uint16_t* __restrict pb, int64_t n, float decay, float b1,
+                                      float one_minus_b1, float b2, float one_minus_b2,
+                                      float sqrt_bc2, float eps, float neg_step_size) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * g_scale;
     const float pi = p[i] * decay;
@@ -43,6 +47,7 @@ MINIMIND_CPU_CLONES void adamw_update(float* __restrict p, const float* __restri
     const float denom = std::sqrt(vi) / sqrt_bc2 + eps;
     m[i] = mi, v[i] = vi;
     p[i] = pi + neg_step_size * mi / denom;
+    if (kRound) pb[i] = bf16_bits(p[i]);
   }
 }
 MINIMIND_NO_FMA_END
@@ -50,6 +55,7 @@ MINIMIND_NO_FMA_END
 // One parameter's fused update: its buffers and the scalars of this step.
 struct FusedUpdate {
   float *p, *g, g_scale, *m, *v;
+  uint16_t* pb;  // p's kept bf16 copy, or nullptr
   int64_t n;
   float decay, b1, one_minus_b1, b2, one_minus_b2, sqrt_bc2, eps, neg_step_size;
 };
@@ -69,9 +75,11 @@ void run_fused_updates(const std::vector<FusedUpdate>& updates) {
   run_blas_tasks(static_cast<int64_t>(chunks.size()), [&](int64_t i) {
     const Chunk& c = chunks[static_cast<size_t>(i)];
     const FusedUpdate& u = *c.u;
-    adamw_update(u.p + c.begin, u.g + c.begin, u.g_scale, u.m + c.begin, u.v + c.begin, c.n,
-                 u.decay, u.b1, u.one_minus_b1, u.b2, u.one_minus_b2, u.sqrt_bc2, u.eps,
-                 u.neg_step_size);
+    (u.pb ? adamw_update<true> : adamw_update<false>)(u.p + c.begin, u.g + c.begin, u.g_scale,
+                                                      u.m + c.begin, u.v + c.begin,
+                                                      u.pb ? u.pb + c.begin : nullptr, c.n, u.decay,
+                                                      u.b1, u.one_minus_b1, u.b2, u.one_minus_b2,
+                                                      u.sqrt_bc2, u.eps, u.neg_step_size);
   });
 }
 
@@ -95,6 +103,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     loss = closure();
   }
   std::vector<FusedUpdate> fused;
+  std::vector<torch::Tensor> rounded_here;  // parameters whose kept bf16 copy the update writes
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     TORCH_CHECK(!o.amsgrad(), "FusedAdamW has no AMSGrad");
@@ -134,9 +143,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       // made from p, such as its bf16 rounding, checks the version to know it is stale).
       torch::autograd::impl::bump_version(p);
       // The scalars as torch's ops receive them: doubles cast to the tensor's float.
+      uint16_t* rounded = bf16_copy_rows(p);
+      if (rounded) rounded_here.push_back(p);
       fused.push_back(
           {p.data_ptr<float>(), grad.data_ptr<float>(), gradient_scale_,
-           st.exp_avg().data_ptr<float>(), st.exp_avg_sq().data_ptr<float>(), p.numel(),
+           st.exp_avg().data_ptr<float>(), st.exp_avg_sq().data_ptr<float>(), rounded, p.numel(),
            static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1),
            static_cast<float>(beta1), static_cast<float>(1 - beta1), static_cast<float>(beta2),
            static_cast<float>(1 - beta2), static_cast<float>(std::sqrt(bias_correction2)),
@@ -144,6 +155,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
   }
   run_fused_updates(fused);
+  for (const auto& p : rounded_here) bf16_copy_written(p);
   return loss;
 }
 
