@@ -212,9 +212,9 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
 // a bf16 step; here it runs once, and the backward has no pass over [B*T, V] of its own. The
 // loss is bitwise the unfused one; the gradients differ from it in how they round:
 // bf16(onehot - p) scaled after the products, where the unfused form rounds v (onehot - p).
-// Forming the logits 32 or 64 rows at a time in cache was no faster: the row loops are
-// bound by e^x, not memory, and the head's product ran 20-35 % slower in row blocks
-// (minimind-bench's machine, 2026-12-05).
+// Forming the logits 16-256 rows at a time in cache was no faster: the row loops are
+// bound by e^x, not memory, and the head's product ran 10-45 % slower in row blocks
+// (docs/benchmarks/2026-12-05-amd-bf16-loss-softmax-casts.md).
 struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
