@@ -463,6 +463,7 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
 //   few ulp of ATen's, which moves a few of u's 1.3 M roundings by one bf16 step, and its
 //   sums are fp32; a gradient missing the upstream factor or the count, or with the label's
 //   1 in the wrong place, is off by more than 10 %.
+// - with every label ignored, the gradients are zero.
 TEST(NextTokenLoss, Bf16HeadAndLossNodeMatchesItsFormula) {
   for (const int threads : {1, 2}) {
     const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
@@ -498,6 +499,15 @@ TEST(NextTokenLoss, Bf16HeadAndLossNodeMatchesItsFormula) {
       const double gw_diff = (wn.grad().to(torch::kDouble) - gw).abs().max().item<double>();
       EXPECT_LE(gh_diff, 2e-5 * gh.abs().max().item<double>());
       EXPECT_LE(gw_diff, 2e-5 * gw.abs().max().item<double>());
+      // Every label ignored: the mean is 0 / 0 as ATen's, the gradients zero as the unfused
+      // form's (not the NaN of 0 * (upstream / 0)).
+      torch::Tensor hz = h0.clone().requires_grad_(), wz = w0.clone().requires_grad_();
+      const torch::Tensor none = torch::full({B, T}, -100, torch::kLong);
+      const torch::Tensor lz = head_next_token_loss_bf16(hz, wz, none, mean);
+      EXPECT_EQ(std::isnan(lz.item<float>()), mean);
+      lz.backward();
+      EXPECT_TRUE(hz.grad().eq(0).all().item<bool>());
+      EXPECT_TRUE(wz.grad().eq(0).all().item<bool>());
       // Not fp32's numbers: the products ran in bf16.
       const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, threads));
       EXPECT_GT(std::abs(next_token_loss(project(h0, w0), labels, mean).item<float>() -

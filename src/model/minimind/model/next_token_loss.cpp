@@ -259,7 +259,9 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
     torch::Tensor gh, gw;
     in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, Precision::bf16); });
     in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, Precision::bf16); });
-    gh.mul_(v), gw.mul_(v);
+    // With no label counted, unit is all zero and so are gh and gw, as the unfused form's
+    // gradient; v (upstream / 0 for the mean) would turn them into NaN.
+    if (total_weight.item<double>() > 0) gh.mul_(v), gw.mul_(v);
     return {gh.view(ctx->saved_data["h_shape"].toIntVector()), gw, torch::Tensor(),
             torch::Tensor()};
   }
