@@ -232,14 +232,15 @@ class Bf16Copies {
   // p's values in the copy made from it, if only this map holds the copy.
   uint16_t* rows_of(const torch::Tensor& p) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    Copy* c = copy_of(p);
+    const Part* part = nullptr;
+    Copy* c = copy_of(p, part);
     if (c == nullptr || c->copy.use_count() != 1) return nullptr;
-    return static_cast<uint16_t*>(c->copy.data_ptr()) + parts_.at(p.unsafeGetTensorImpl()).offset;
+    return static_cast<uint16_t*>(c->copy.data_ptr()) + part->offset;
   }
   void written(const torch::Tensor& p) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (Copy* c = copy_of(p))
-      c->versions[parts_.at(p.unsafeGetTensorImpl()).index] = static_cast<int64_t>(p._version());
+    const Part* part = nullptr;
+    if (Copy* c = copy_of(p, part)) c->versions[part->index] = static_cast<int64_t>(p._version());
   }
 
  private:
@@ -257,13 +258,15 @@ class Bf16Copies {
     int64_t offset;
   };
 
-  // The live copy made from p (p still the part it was made from), or nullptr.
-  Copy* copy_of(const torch::Tensor& p) {
-    const auto part = parts_.find(p.unsafeGetTensorImpl());
-    if (part == parts_.end()) return nullptr;
-    const auto it = copies_.find(part->second.key);
-    if (it == copies_.end() || it->second.sources.size() <= part->second.index ||
-        it->second.sources[part->second.index].lock().get() != p.unsafeGetTensorImpl() ||
+  // The live copy made from p (p still the part it was made from) and p's place in it, or
+  // nullptr.
+  Copy* copy_of(const torch::Tensor& p, const Part*& part) {
+    const auto found = parts_.find(p.unsafeGetTensorImpl());
+    if (found == parts_.end()) return nullptr;
+    part = &found->second;
+    const auto it = copies_.find(part->key);
+    if (it == copies_.end() || it->second.sources.size() <= part->index ||
+        it->second.sources[part->index].lock().get() != p.unsafeGetTensorImpl() ||
         !p.is_contiguous() || p.scalar_type() != torch::kFloat32)
       return nullptr;
     return &it->second;

@@ -57,6 +57,11 @@ struct BlockRow {
 // per element (a standalone harness, bit for bit the same numbers).
 constexpr int kGroup = 4;
 
+// Whether rows [r, r + kGroup) of a block that ends before r1 run to the same n.
+inline bool whole_group(int64_t r, int64_t r1, int64_t rep, int64_t end) {
+  return r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end);
+}
+
 // Rows r .. r + G - 1 of softmax_rows, all running to the same n.
 template <int G>
 __attribute__((always_inline)) inline void softmax_group(float* __restrict s,
@@ -70,7 +75,7 @@ __attribute__((always_inline)) inline void softmax_group(float* __restrict s,
     const BlockRow br(r + g, r0, ld, rep, end);
     row[g] = s + br.at, seen[g] = br.seen;
   }
-  const int64_t n = padded(seen[0], end);
+  const int64_t n = BlockRow(r, r0, ld, rep, end).n;  // the group's rows share it
   // The keys between `seen` and n score -inf: e^x gives them e^-87 (it clamps there), far
   // below the last bit of a sum that holds the maximum's e^0 = 1; they are zeroed below.
   for (int g = 0; g < G; ++g)
@@ -124,7 +129,7 @@ MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, uint16_t* __restrict 
                                       int64_t r0, int64_t r1, int64_t rep, int64_t end, float scale,
                                       float* __restrict stats) {
   for (int64_t r = r0; r < r1;) {
-    if (r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end)) {
+    if (whole_group(r, r1, rep, end)) {
       softmax_group<kGroup>(s, sb, ld, r0, r, rep, end, scale, stats);
       r += kGroup;
     } else {
@@ -150,7 +155,7 @@ __attribute__((always_inline)) inline void softmax_backward_group(
     p[g] = s + br.at, seen[g] = br.seen;
     mx[g] = stats[2 * (r + g - r0)], inv[g] = stats[2 * (r + g - r0) + 1];
   }
-  const int64_t n = padded(seen[0], end);
+  const int64_t n = BlockRow(r, r0, ld, rep, end).n;  // the group's rows share it
   // p again (0 after `seen`), and sum(dp * p) in dot_lanes' order.
   Lanes lanes[G];
   for (Lanes& l : lanes) l = Lanes{};
@@ -193,7 +198,7 @@ MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, uint16_t* __
                                                int64_t end, float scale,
                                                const float* __restrict stats) {
   for (int64_t r = r0; r < r1;) {
-    if (r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end)) {
+    if (whole_group(r, r1, rep, end)) {
       softmax_backward_group<kGroup>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
       r += kGroup;
     } else {

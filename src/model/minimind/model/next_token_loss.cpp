@@ -137,26 +137,27 @@ void save(AutogradContext* ctx, const LossSaved& s, const torch::Tensor& lsm, bo
   ctx->saved_data["mean"] = mean;
 }
 
-// The gradient of rows [r0, r0 + n) of lsm [B*T, V] with the own loops, in place.
-// label, is_counted: [B, T-1].
-void own_loss_gradient(const torch::Tensor& lsm, int64_t r0, int64_t n, const int64_t* label,
-                       const bool* is_counted, int64_t T, float v) {
-  const int64_t V = lsm.size(1);
-  float* row = lsm.data_ptr<float>() + r0 * V;
-  for (int64_t r = r0; r < r0 + n; ++r, row += V) {
-    const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
-    // The last position predicts nothing; an ignored label's row is zero.
-    loss_gradient_row(row, V, t == T - 1 || !is_counted[at] ? -1 : label[at], v);
-  }
-}
-
-// The labels as the own loops read them: contiguous [B, T-1] copies and their pointers.
-struct LabelRows {
-  torch::Tensor safe, counted;
+// The labels as the own loops read them: contiguous [B, T-1] copies.
+class LabelRows {
+ public:
   LabelRows(const torch::Tensor& safe_labels, const torch::Tensor& counted_labels)
-      : safe(safe_labels.contiguous()), counted(counted_labels.contiguous()) {}
-  const int64_t* label() const { return safe.data_ptr<int64_t>(); }
-  const bool* is_counted() const { return counted.data_ptr<bool>(); }
+      : safe_(safe_labels.contiguous()),
+        counted_(counted_labels.contiguous()),
+        label_(safe_.data_ptr<int64_t>()),
+        is_counted_(counted_.data_ptr<bool>()) {}
+  // Row r of the flat [B*T, ...] rows predicts label (r / T, r % T), at this place of the
+  // [B, T-1] copies.
+  static int64_t at(int64_t r, int64_t T) { return r / T * (T - 1) + r % T; }
+  // Row r's target, or -1 where it predicts nothing (the last position) or its label is
+  // ignored: a row of zeros in the gradient.
+  int64_t target(int64_t r, int64_t T) const {
+    return r % T == T - 1 || !is_counted_[at(r, T)] ? -1 : label_[at(r, T)];
+  }
+
+ private:
+  torch::Tensor safe_, counted_;
+  const int64_t* label_;
+  const bool* is_counted_;
 };
 
 struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
@@ -183,8 +184,10 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
     if (ctx->saved_data["own"].toBool()) {
       const LabelRows rows(safe, counted);
       const float v_value = v.item<float>();
+      float* lsm = grad.data_ptr<float>();
       run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
-        own_loss_gradient(grad, r0, n, rows.label(), rows.is_counted(), T, v_value);
+        for (int64_t r = r0; r < r0 + n; ++r)
+          loss_gradient_row(lsm + r * V, V, rows.target(r, T), v_value);
       });
       return {grad.view({B, T, V}), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
@@ -232,14 +235,12 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
     float* x = logits.data_ptr<float>();
     run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
       for (int64_t r = r0; r < r0 + n; ++r) {
-        const int64_t b = r / T, t = r % T, at = b * (T - 1) + t;
         uint16_t* u = unit_bits + r * V;
-        // The last position predicts nothing; an ignored label's row is zero.
-        if (t == T - 1 || !rows.is_counted()[at]) {
+        const int64_t target = rows.target(r, T);
+        if (target < 0)
           std::fill(u, u + V, uint16_t{0});
-          continue;
-        }
-        picked_at[at] = loss_row(x + r * V, u, V, rows.label()[at]);
+        else
+          picked_at[LabelRows::at(r, T)] = loss_row(x + r * V, u, V, target);
       }
     });
     const LossSaved s = nll_of_picked(picked, mask, mean);
