@@ -116,6 +116,57 @@ TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
   }
 }
 
+// The residual add folded into the norm's node against the two apart (s = a + b, then
+// rms_norm(s)), in float32, float64 and bf16 training's one-pass forward: the sum, the norm
+// and all three gradients bit for bit, when both outputs flow on and when only one does.
+TEST(RMSNorm, AddAndNormInOneNodeEqualsTheAddThenTheNorm) {
+  torch::manual_seed(10);
+  for (const bool bf16 : {false, true}) {
+    const ComputeScope plan(
+        test::test_plan(bf16 ? Precision::bf16 : Precision::fp32, MatmulBackend::onednn, 2));
+    for (const auto type : {torch::kFloat32, torch::kFloat64}) {
+      if (bf16 && type == torch::kFloat64) continue;  // bf16 training is float32 only
+      for (const int64_t H : {256, 37}) {
+        for (const int uses : {0, 1, 2}) {  // 0: both outputs, 1: the norm only, 2: the sum only
+          SCOPED_TRACE("H " + std::to_string(H) + (bf16 ? " bf16" : "") +
+                       (type == torch::kDouble ? " float64" : "") + " uses " +
+                       std::to_string(uses));
+          const torch::Tensor a0 = 2 * torch::randn({3, 70, H}, type),
+                              b0 = torch::randn({3, 70, H}, type),
+                              w0 = 1 + 0.1 * torch::randn({H}, type);
+          const torch::Tensor gs = torch::randn({3, 70, H}, type),
+                              gy = torch::randn({3, 70, H}, type);
+          auto leaf = [](const torch::Tensor& t) { return t.clone().requires_grad_(); };
+          torch::Tensor a1 = leaf(a0), b1 = leaf(b0), w1 = leaf(w0);
+          torch::Tensor a2 = leaf(a0), b2 = leaf(b0), w2 = leaf(w0);
+          const torch::Tensor s1 = a1 + b1, y1 = rms_norm(s1, w1, 1e-5, bf16);
+          const AddNormed two = add_rms_norm(a2, b2, w2, 1e-5, bf16, /*grad_copy=*/bf16);
+          EXPECT_TRUE(torch::equal(two.sum, s1));
+          EXPECT_TRUE(torch::equal(two.normed, y1));
+          EXPECT_NE(two.sum.grad_fn()->name().find("FusedAddRMSNorm"), std::string::npos);
+          auto run = [&](const torch::Tensor& s, const torch::Tensor& y) {
+            if (uses == 0) torch::autograd::backward({s, y}, {gs, gy});
+            if (uses == 1) y.backward(gy);
+            if (uses == 2) s.backward(gs);
+          };
+          run(s1, y1);
+          run(two.sum, two.normed);
+          EXPECT_TRUE(torch::equal(a2.grad(), a1.grad()));
+          EXPECT_TRUE(torch::equal(b2.grad(), b1.grad()));
+          if (uses == 2) {
+            EXPECT_FALSE(w2.grad().defined());
+          } else {
+            EXPECT_TRUE(torch::equal(w2.grad(), w1.grad()));
+          }
+          if (bf16) {  // to_bf16 of a gradient: it rounded, whether or not its copy was handed over
+            EXPECT_TRUE(torch::equal(to_bf16(b2.grad()), b2.grad().to(torch::kBFloat16)));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Rope, RotatesDimensionPairsHalfAWidthApartByPositionTimesFrequency) {
   // head_dim 4, theta 100: frequencies 1 and 100^(-2/4) = 0.1. Rotate-half pairs dimension
   // i with i + 2: (x0, x2) turns by p radians, (x1, x3) by 0.1 p.

@@ -22,18 +22,18 @@ MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer) {
   }
 }
 
-BlockOutput MiniMindBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+BlockOutput MiniMindBlockImpl::forward(const Residual& in, const RotaryTables& rope,
                                        LayerKVCache* cache, const torch::Tensor& real,
                                        const torch::Tensor& token_ids, const BatchShard* shard) {
-  torch::Tensor h = x + self_attn(input_layernorm(x), rope, cache);  // [B, T, H]
-  torch::Tensor normed = post_attention_layernorm(h);
+  const AddNormed x = input_layernorm->forward_add(in.x, in.delta, in.delta_from_products);
+  const AddNormed h = post_attention_layernorm->forward_add(x.sum, self_attn(x.normed, rope, cache),
+                                                            /*grad_copy=*/true);  // [B, T, H] each
   if (moe_mlp) {
     // Generation (a KV cache) reads only the logits: no router statistics.
-    MoEOutput moe = moe_mlp(normed, real, token_ids, /*stats=*/cache == nullptr, shard);
-    torch::Tensor out = h + moe.y;
-    return {out, std::move(moe)};
+    MoEOutput moe = moe_mlp(h.normed, real, token_ids, /*stats=*/cache == nullptr, shard);
+    return {{h.sum, moe.y, false}, std::move(moe)};
   }
-  return {h + dense_mlp(normed), {}};
+  return {{h.sum, dense_mlp(h.normed), true}, {}};
 }
 
 MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
@@ -95,17 +95,18 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   torch::Tensor h = in_part(StepPart::embedding, [&] {
     return torch::dropout(model->embed_tokens(input_ids), model->dropout, is_training());
   });  // [B, T, H]
+  Residual stream{h, {}, false};
   for (size_t i = 0; i < model->blocks.size(); ++i) {
-    BlockOutput b =
-        model->blocks[i](h, model->rope, cache ? &(*cache)[i] : nullptr, real, token_ids, o.shard);
-    h = b.hidden;
+    BlockOutput b = model->blocks[i](stream, model->rope, cache ? &(*cache)[i] : nullptr, real,
+                                     token_ids, o.shard);
+    stream = std::move(b.out);
     if (!b.moe.aux_loss.defined()) continue;  // dense block
     out.aux_loss = out.aux_loss.defined() ? out.aux_loss + b.moe.aux_loss : b.moe.aux_loss;
     out.z_loss = out.z_loss.defined() ? out.z_loss + b.moe.z_loss : b.moe.z_loss;
     out.moe.push_back(std::move(b.moe.stats));
   }
   if (!o.head) return out;
-  h = model->norm(h);
+  h = model->norm->forward_add(stream.x, stream.delta, stream.delta_from_products).normed;
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, h.options());
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, h.options());
   if (labels.defined() && !o.logits && bf16_training_node(h)) {

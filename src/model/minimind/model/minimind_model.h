@@ -17,18 +17,27 @@
 
 namespace minimind {
 
-struct BlockOutput {
-  torch::Tensor hidden;  // [B, T, H]
-  MoEOutput moe;         // the MoE layer's routing (fields undefined for a dense block)
+// The residual stream between blocks, x + delta, left as two tensors: the next norm adds
+// them in its own pass (add_rms_norm). delta_from_products: delta is the output of products
+// that round its gradient to bf16 (a dense feed-forward), not of routed experts.
+struct Residual {
+  torch::Tensor x, delta;  // [B, T, H] each; delta undefined before the first block
+  bool delta_from_products = false;
 };
 
-// h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+struct BlockOutput {
+  Residual out;
+  MoEOutput moe;  // the MoE layer's routing (fields undefined for a dense block)
+};
+
+// x = in.x + in.delta; h = x + self_attn(input_layernorm(x));
+// out = h + mlp(post_attention_layernorm(h)), returned as {h, mlp(...)}.
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
   MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer);
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
-  BlockOutput forward(const torch::Tensor& x, const RotaryTables& rope, LayerKVCache* cache,
+  BlockOutput forward(const Residual& in, const RotaryTables& rope, LayerKVCache* cache,
                       const torch::Tensor& real = {}, const torch::Tensor& token_ids = {},
                       const BatchShard* shard = nullptr);
 

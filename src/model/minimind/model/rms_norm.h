@@ -19,6 +19,18 @@ namespace minimind {
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        bool rounded_copy = false);
 
+// The residual stream's add and the norm after it: sum = a + b, normed = rms_norm(sum).
+// With gradients and the fused node's conditions (same shapes, contiguous), one autograd
+// node whose backward adds sum's own gradient in the norm's pass (the same bits as the add
+// and the norm apart); otherwise the two ops. b undefined: sum is a. grad_copy: b comes from
+// products whose backward rounds its gradient to bf16 (a Projection, the dense feed-forward),
+// so in bf16 training the norm's backward writes that copy as it forms the gradient.
+struct AddNormed {
+  torch::Tensor sum, normed;  // [..., dim]
+};
+AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
+                       double eps, bool rounded_copy = false, bool grad_copy = false);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   // rounded_copy: the output is the input of matrix products (see rms_norm).
@@ -29,6 +41,11 @@ class RMSNormImpl : public torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {  // [..., dim]
     return rms_norm(x, weight, eps_, rounded_copy_);
+  }
+
+  // a + b and its norm (add_rms_norm).
+  AddNormed forward_add(const torch::Tensor& a, const torch::Tensor& b, bool grad_copy) {
+    return add_rms_norm(a, b, weight, eps_, rounded_copy_, grad_copy);
   }
 
   torch::Tensor weight;
