@@ -8,6 +8,9 @@
 // A loop with a floating-point comparison (a clamp) vectorises only if GCC may assume that no
 // floating-point operation traps: MINIMIND_NO_TRAPS_BEGIN ... END around it (the same
 // values; only the order of floating-point exception flags, which nothing here reads).
+// MINIMIND_INDEPENDENT_ITERATIONS before a loop: its iterations do not depend on each other
+// (an output that may be its input, each element read before it is written), in each
+// compiler's own words.
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -19,10 +22,16 @@
 #define MINIMIND_NO_TRAPS_BEGIN \
   _Pragma("GCC push_options") _Pragma("GCC optimize(\"no-trapping-math\")")
 #define MINIMIND_NO_TRAPS_END _Pragma("GCC pop_options")
+#define MINIMIND_INDEPENDENT_ITERATIONS _Pragma("GCC ivdep")
 #else
 #define MINIMIND_CPU_CLONES
 #define MINIMIND_NO_FMA_BEGIN
 #define MINIMIND_NO_FMA_END
 #define MINIMIND_NO_TRAPS_BEGIN
 #define MINIMIND_NO_TRAPS_END
+#if defined(__clang__)
+#define MINIMIND_INDEPENDENT_ITERATIONS _Pragma("clang loop vectorize(assume_safety)")
+#else
+#define MINIMIND_INDEPENDENT_ITERATIONS
+#endif
 #endif

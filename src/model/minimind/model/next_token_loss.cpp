@@ -43,7 +43,8 @@ MINIMIND_CPU_CLONES void log_softmax_rows(const float* x, float* out, int64_t ro
   for (int64_t r = 0; r < rows; ++r, x += V, out += V) {
     const float mx = max_lanes(x, V);
     const float log_sum = std::log(sum_exp_lanes(x, V, mx));
-#pragma GCC ivdep  // out is x or apart from it: each element is read before it is written
+    // out is x or apart from it: each element is read before it is written
+    MINIMIND_INDEPENDENT_ITERATIONS
     for (int64_t j = 0; j < V; ++j) out[j] = (x[j] - mx) - log_sum;
   }
 }
