@@ -218,40 +218,38 @@ struct FusedAddRMSNorm : torch::autograd::Function<FusedAddRMSNorm> {
   }
 };
 
+// Whether the fused nodes take x and weight: float32 or float64 alike, contiguous, rows of
+// weight's length. Without gradients (generation, evaluation) a node is overhead only: a
+// generated token makes 17 norm calls.
+bool node_takes(const torch::Tensor& x, const torch::Tensor& weight, bool needs_grad) {
+  const auto type = x.scalar_type();
+  return needs_grad && torch::GradMode::is_enabled() &&
+         (type == torch::kFloat32 || type == torch::kDouble) && weight.scalar_type() == type &&
+         x.is_contiguous() && weight.is_contiguous() && x.size(-1) == weight.numel();
+}
+
 }  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        bool rounded_copy) {
   const StepScope part(StepPart::norm);
-  const auto type = x.scalar_type();
-  const bool fused = (type == torch::kFloat32 || type == torch::kDouble) &&
-                     weight.scalar_type() == type && x.is_contiguous() && weight.is_contiguous() &&
-                     x.size(-1) == weight.numel();
-  // Without gradients (generation, evaluation) the autograd node is overhead only: a
-  // generated token makes 17 of these calls.
-  const bool needs_grad =
-      torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  if (!fused || !needs_grad) return plain_rms_norm(x, weight, eps);
-  const bool own = type == torch::kFloat32 && bf16_training_node(x);
+  if (!node_takes(x, weight, x.requires_grad() || weight.requires_grad()))
+    return plain_rms_norm(x, weight, eps);
+  const bool own = x.scalar_type() == torch::kFloat32 && bf16_training_node(x);
   return FusedRMSNorm::apply(x, weight, eps, own, own && rounded_copy);
 }
 
 AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
                        double eps, bool rounded_copy, bool grad_copy) {
   if (!b.defined()) return {a, rms_norm(a, weight, eps, rounded_copy)};
-  const auto type = a.scalar_type();
-  const bool fused = (type == torch::kFloat32 || type == torch::kDouble) &&
-                     b.scalar_type() == type && weight.scalar_type() == type &&
-                     a.sizes() == b.sizes() && a.is_contiguous() && b.is_contiguous() &&
-                     weight.is_contiguous() && a.size(-1) == weight.numel();
-  const bool needs_grad = torch::GradMode::is_enabled() &&
-                          (a.requires_grad() || b.requires_grad() || weight.requires_grad());
-  if (!fused || !needs_grad) {
+  const bool needs_grad = a.requires_grad() || b.requires_grad() || weight.requires_grad();
+  if (!node_takes(a, weight, needs_grad) || b.scalar_type() != a.scalar_type() ||
+      b.sizes() != a.sizes() || !b.is_contiguous()) {
     torch::Tensor s = a + b;
     return {s, rms_norm(s, weight, eps, rounded_copy)};
   }
   const StepScope part(StepPart::norm);
-  const bool own = type == torch::kFloat32 && bf16_training_node(a);
+  const bool own = a.scalar_type() == torch::kFloat32 && bf16_training_node(a);
   variable_list out =
       FusedAddRMSNorm::apply(a, b, weight, eps, own, own && rounded_copy, own && grad_copy);
   return {out[0], out[1]};
