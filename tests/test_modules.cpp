@@ -238,7 +238,36 @@ TEST(Attention, QueryBlocksEqualTheWholeMaskedSquare) {
   EXPECT_TRUE(torch::allclose(out[1][0][0].narrow(0, d, d), v0[0][0][0], 1e-6, 1e-6));
 }
 
-// bf16 training's attention node (attention_bf16.cpp) against float64 on the same rounded
+namespace {
+
+// Causal attention in float64 on q0 [B, T, h, d], k0 and v0 [B, T, kv, d] (query head h uses
+// kv head h / (h / kv); the mask hides the future), with q, k, v requiring gradients.
+struct Float64Attention {
+  torch::Tensor q, k, v, probs, v_rep;  // probs [B, h, T, T], v_rep [B, T, h, d]
+  Float64Attention(const torch::Tensor& q0, const torch::Tensor& k0, const torch::Tensor& v0) {
+    const int64_t T = q0.size(1), rep = q0.size(2) / k0.size(2), d = q0.size(3);
+    q = q0.to(torch::kDouble).requires_grad_();
+    k = k0.to(torch::kDouble).requires_grad_();
+    v = v0.to(torch::kDouble).requires_grad_();
+    v_rep = v.repeat_interleave(rep, 2);
+    const torch::Tensor scores =
+        torch::einsum("bthd,bshd->bhts", {q, k.repeat_interleave(rep, 2)}) / std::sqrt(double(d));
+    const torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
+    probs = torch::softmax(scores.masked_fill(mask, -INFINITY), -1);
+  }
+  // The output [B, T, h * d] for the given probabilities.
+  torch::Tensor out(const torch::Tensor& p) const {
+    return torch::einsum("bhts,bshd->bthd", {p, v_rep}).reshape({q.size(0), q.size(1), -1});
+  }
+};
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b).norm().item<double>() / b.norm().item<double>();
+}
+
+}  // namespace
+
+// bf16 training's attention node (attention_fused.cpp) against float64 on the same rounded
 // q, k, v: the output with the softmax rounded to bf16 as the node's product takes it
 // (only fp32 sums and the exp's last bits differ), and the gradients against float64's
 // own (the node rounds each product's incoming gradient: bf16's resolution, 2^-8). Grouped
@@ -257,39 +286,61 @@ TEST_P(Bf16Attention, NodeMatchesFloat64OnRoundedInputs) {
                 v = v0.clone().requires_grad_();
   const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);
   out.backward(g);
-  // float64, heads h use kv head h / 2; the mask hides the future.
-  torch::Tensor qd = q0.to(torch::kDouble).requires_grad_(),
-                kd = k0.to(torch::kDouble).requires_grad_(),
-                vd = v0.to(torch::kDouble).requires_grad_();
-  const torch::Tensor kr = kd.repeat_interleave(heads / kv, 2),
-                      vr = vd.repeat_interleave(heads / kv, 2);
-  const torch::Tensor scores = torch::einsum("bthd,bshd->bhts", {qd, kr}) / std::sqrt(double(d));
-  const torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
-  const torch::Tensor probs = torch::softmax(scores.masked_fill(mask, -INFINITY), -1);  // [B,h,T,T]
-  const torch::Tensor want_out = torch::einsum(
-      "bhts,bshd->bthd", {rounded(probs.to(torch::kFloat)).to(torch::kDouble), vr.detach()});
-  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a.to(torch::kDouble) - b).norm().item<double>() / b.norm().item<double>();
-  };
-  EXPECT_LT(rel(out, want_out.reshape({B, T, heads * d})), 1e-3);
-  torch::einsum("bhts,bshd->bthd", {probs, vr})
-      .reshape({B, T, heads * d})
-      .backward(g.to(torch::kDouble));
-  EXPECT_LT(rel(q.grad(), qd.grad()), 2e-2);
-  EXPECT_LT(rel(k.grad(), kd.grad()), 2e-2);
-  EXPECT_LT(rel(v.grad(), vd.grad()), 2e-2);
-  EXPECT_GT(rel(q.grad(), qd.grad()), 1e-5) << "no bf16 rounding: the node did not run";
+  const Float64Attention want(q0, k0, v0);
+  const torch::Tensor want_out =
+      want.out(rounded(want.probs.detach().to(torch::kFloat)).to(torch::kDouble)).detach();
+  EXPECT_LT(relative(out, want_out), 1e-3);
+  want.out(want.probs).backward(g.to(torch::kDouble));
+  EXPECT_LT(relative(q.grad(), want.q.grad()), 2e-2);
+  EXPECT_LT(relative(k.grad(), want.k.grad()), 2e-2);
+  EXPECT_LT(relative(v.grad(), want.v.grad()), 2e-2);
+  EXPECT_GT(relative(q.grad(), want.q.grad()), 1e-5) << "no bf16 rounding: the node did not run";
 }
 INSTANTIATE_TEST_SUITE_P(Heads, Bf16Attention,
                          ::testing::Values(std::make_pair(int64_t{4}, int64_t{2}),
                                            std::make_pair(int64_t{3}, int64_t{3})));
 
-// The node's backward forms the rounded softmax again instead of keeping it: it must be the
-// forward's, bit for bit. With v = identity the output rows are the forward's rounded
+// fp32 training on oneDNN takes the same node without rounding (attention_fused.cpp): against
+// float64 on the same inputs, output and gradients within what fp32 sums and e^x's few ulp
+// allow (bf16's rounding would be 1e-3); grouped heads, and a T past two query blocks.
+TEST(Attention, Fp32NodeOnOneDnnMatchesFloat64) {
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  torch::manual_seed(13);
+  const int64_t B = 2, T = 150, heads = 4, kv = 2, d = 16;
+  const torch::Tensor q0 = torch::randn({B, T, heads, d}), k0 = torch::randn({B, T, kv, d}),
+                      v0 = torch::randn({B, T, kv, d}), g = torch::randn({B, T, heads * d});
+  torch::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
+                v = v0.clone().requires_grad_();
+  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);
+  ASSERT_NE(out.grad_fn()->name().find("CausalAttentionNode"), std::string::npos)
+      << "the ATen form ran: " << out.grad_fn()->name();
+  out.backward(g);
+  const Float64Attention want(q0, k0, v0);
+  const torch::Tensor want_out = want.out(want.probs);
+  want_out.backward(g.to(torch::kDouble));
+  EXPECT_LT(relative(out, want_out.detach()), 1e-6);
+  EXPECT_LT(relative(q.grad(), want.q.grad()), 1e-5);
+  EXPECT_LT(relative(k.grad(), want.k.grad()), 1e-5);
+  EXPECT_LT(relative(v.grad(), want.v.grad()), 1e-5);
+}
+
+// fp32 on OpenBLAS keeps the ATen form (PyTorch's numbers bit for bit).
+TEST(Attention, Fp32OnOpenBlasKeepsTheAtenForm) {
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::openblas));
+  torch::Tensor q = torch::randn({1, 8, 2, 4}).requires_grad_(), k = torch::randn({1, 8, 1, 4});
+  const torch::Tensor out = causal_attention(q, k, k, 64, 0.0, true);
+  EXPECT_EQ(out.grad_fn()->name().find("CausalAttentionNode"), std::string::npos);
+}
+
+// The node's backward forms the softmax (rounded in bf16) again instead of keeping it: it
+// must be the forward's, bit for bit. With v = identity the output rows are the forward's
 // softmax rows, and with the incoming gradient = identity v's gradient is the backward's,
-// transposed (every product then sums one nonzero term: exact). Two query blocks of 64.
-TEST(Attention, Bf16NodeFormsTheSameSoftmaxAgainInItsBackward) {
-  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
+// transposed (every product then sums one nonzero term: exact). Two query blocks of 64; in
+// bf16, and in fp32 on oneDNN.
+class AttentionNode : public ::testing::TestWithParam<Precision> {};
+TEST_P(AttentionNode, FormsTheSameSoftmaxAgainInItsBackward) {
+  const bool bf16 = GetParam() == Precision::bf16;
+  const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn));
   torch::manual_seed(12);
   const int64_t T = 80, rep = 2, M = T * rep, d = M;  // one kv head, d wide enough for both
   torch::Tensor q = (3 * torch::randn({1, T, rep, d})).requires_grad_(),
@@ -302,15 +353,18 @@ TEST(Attention, Bf16NodeFormsTheSameSoftmaxAgainInItsBackward) {
   const torch::Tensor backward_p = v.grad().view({T, d}).t();        // [M, T]
   EXPECT_TRUE(torch::equal(forward_p, backward_p))
       << "max |difference| " << (forward_p - backward_p).abs().max().item<float>();
-  // Not vacuous: rounded (bf16) probabilities, each row summing to about 1, none of the future.
-  EXPECT_TRUE(torch::equal(forward_p, forward_p.to(torch::kBFloat16).to(torch::kFloat)));
-  EXPECT_LT((forward_p.sum(1) - 1).abs().max().item<float>(), 2e-2);
+  // Not vacuous: probabilities (rounded in bf16, not in fp32), each row summing to about 1,
+  // none of the future.
+  EXPECT_EQ(torch::equal(forward_p, forward_p.to(torch::kBFloat16).to(torch::kFloat)), bf16);
+  EXPECT_LT((forward_p.sum(1) - 1).abs().max().item<float>(), bf16 ? 2e-2 : 1e-5);
   const torch::Tensor future = torch::arange(T).unsqueeze(0) >
                                torch::div(torch::arange(M), rep, "floor").unsqueeze(1);  // [M, T]
   EXPECT_TRUE(
       torch::equal(forward_p.masked_select(future), torch::zeros({future.sum().item<int64_t>()})));
   EXPECT_GT(forward_p[M - 1].gt(0).sum().item<int64_t>(), T / 2);
 }
+INSTANTIATE_TEST_SUITE_P(Precisions, AttentionNode,
+                         ::testing::Values(Precision::bf16, Precision::fp32));
 
 namespace {
 

@@ -352,6 +352,12 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
   });
 }
 
+void gemm_f32_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* c, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  sgemm_onednn({ta, lda}, a, {tb, ldb}, b, c, ldc, M, N, K);
+}
+
 namespace {
 
 // The last activation this thread rounded, and its copy: q, k and v (the feed-forward's gate

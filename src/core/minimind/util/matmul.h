@@ -61,6 +61,11 @@ torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision p
 void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
                     int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc);
 
+// gemm_bf16_rows in fp32 on oneDNN's sgemm: for fp32 training's nodes whose products leave
+// ATen (run.matmul onednn), on buffers a task owns.
+void gemm_f32_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float* c, int64_t ldc);
+
 // c [n, M, N] = a [n, M, K] @ b [n, K, N], the n products spread over the cores.
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
 

@@ -64,10 +64,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
   const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
   const double scale = std::sqrt(static_cast<double>(d));
-  // bf16 training: one node for scores, mask, softmax and the product with v, taking q, k
-  // and v in the model's layout.
-  if (bf16_training_node(q) && (dropout == 0 || !training))
-    return causal_attention_bf16(q, k, v, block);
+  // Training whose products leave ATen (bf16, or fp32 on oneDNN): one node for scores, mask,
+  // softmax and the product with v, taking q, k and v in the model's layout. fp32 on OpenBLAS
+  // keeps the ATen form below: PyTorch's numbers bit for bit.
+  const Precision precision = product_settings().precision;
+  if (q.scalar_type() == torch::kFloat32 && torch::GradMode::is_enabled() &&
+      products_leave_aten(precision) && (dropout == 0 || !training))
+    return causal_attention_node(q, k, v, block, precision);
   // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
   // ordered (position, head), so a block of positions is a contiguous range of rows.
   const torch::Tensor qg = q.view({B, T, kv, rep, d})

@@ -36,10 +36,11 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block, double dropout,
                                bool training);
 
-// causal_attention's node in bf16 training (attention_bf16.cpp): q [B, T, h, d], k and v
-// [B, T, kv, d], float32 -> [B, T, h * d] float32.
-torch::Tensor causal_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t block);
+// causal_attention's node in training whose products leave ATen, bf16 or fp32 on oneDNN
+// (attention_fused.cpp): q [B, T, h, d], k and v [B, T, kv, d], float32 -> [B, T, h * d]
+// float32.
+torch::Tensor causal_attention_node(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, int64_t block, Precision precision);
 
 // Query block of causal_attention in training and evaluation (T = 256: 4 blocks, 10/16 of
 // the square computed).

@@ -1,23 +1,27 @@
-// causal_attention's training node in bf16 (run.precision: bf16): scores, mask, softmax and
-// the product with v in one pass per query block, both ways.
+// causal_attention's training node when its products leave ATen: in bf16 (run.precision:
+// bf16) and in fp32 on oneDNN (run.matmul: onednn). Scores, mask, softmax and the product
+// with v in one pass per query block, both ways.
 //
 // Why: the ATen form runs the scores [B, kv, T*rep, T] through a division, a mask, a
-// softmax and a rounding to bf16 as separate passes over memory, each way; attention took
-// about 4x its products' time in a bf16 step (minimind-bench --breakdown). Here a block's
-// scores go into a buffer of the thread's that stays in its cache, are scaled, masked,
-// softmaxed and rounded there, and feed the product with v. The softmax is not kept: the
-// backward forms the block's scores again and the softmax from each row's (max, 1 / sum),
-// bit for bit, and its gradient in the same pass. Writing [B, kv, T*rep, T] floats and their
-// rounded copy to memory and reading them back took longer than that extra product, and
-// held 24 MB per layer on the bench model.
+// softmax (and in bf16 a rounding) as separate passes over memory, each way; attention took
+// about 4x its products' time in a bf16 step and 2x in fp32 (minimind-bench --breakdown).
+// Here a block's scores go into a buffer of the thread's that stays in its cache, are
+// scaled, masked, softmaxed (and rounded) there, and feed the product with v. The softmax is
+// not kept: the backward forms the block's scores again and the softmax from each row's
+// (max, 1 / sum), bit for bit, and its gradient in the same pass. Writing [B, kv, T*rep, T]
+// floats (and their rounded copy) to memory and reading them back took longer than that
+// extra product, and held 24 MB per layer on the bench model.
 //
-// Precision: the same scheme as every bf16 product here (docs/precision.md): the products'
-// inputs and the gradient each product receives are rounded to bf16, sums are fp32, and the
-// softmax and its backward run in fp32 on fp32 scores (s / sqrt(d), masked), as the ATen
-// form computes them; only the order of fp32 sums differs.
+// Precision: the products' operands are E, the element type: bf16 bits (uint16_t) or float.
+// In bf16 it is the scheme of every bf16 product here (docs/precision.md): the products'
+// inputs and the gradient each product receives are rounded to bf16, sums are fp32. In both,
+// the softmax and its backward run in fp32 on fp32 scores (s / sqrt(d), masked), as the ATen
+// form computes them; only the order of fp32 sums and e^x's last bits differ (so fp32 on
+// oneDNN is not ATen's bit for bit; fp32 on OpenBLAS keeps the ATen form and is).
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "minimind/model/attention.h"
 #include "minimind/model/vector_math.h"
@@ -35,6 +39,15 @@ using torch::autograd::variable_list;
 
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
+// An fp32 value as the products take it (E: bf16 bits, or float as is).
+template <typename E>
+__attribute__((always_inline)) inline E as_operand(float x) {
+  if constexpr (std::is_same_v<E, float>)
+    return x;
+  else
+    return bf16_bits(x);
+}
+
 // How far a row's loops run: the keys it sees, rounded up to whole kLanes (but not past
 // `end`), so that the loops have no scalar tail; the keys in between are masked.
 inline int64_t padded(int64_t seen, int64_t end) {
@@ -63,11 +76,10 @@ inline bool whole_group(int64_t r, int64_t r1, int64_t rep, int64_t end) {
 }
 
 // Rows r .. r + G - 1 of softmax_rows, all running to the same n.
-template <int G>
-__attribute__((always_inline)) inline void softmax_group(float* __restrict s,
-                                                         uint16_t* __restrict sb, int64_t ld,
-                                                         int64_t r0, int64_t r, int64_t rep,
-                                                         int64_t end, float scale,
+template <int G, typename E>
+__attribute__((always_inline)) inline void softmax_group(float* __restrict s, E* __restrict sb,
+                                                         int64_t ld, int64_t r0, int64_t r,
+                                                         int64_t rep, int64_t end, float scale,
                                                          float* __restrict stats) {
   float* row[G];
   int64_t seen[G];
@@ -114,8 +126,8 @@ __attribute__((always_inline)) inline void softmax_group(float* __restrict s,
   }
   for (int g = 0; g < G; ++g) {
     const float inv = 1.0f / sum[g];
-    uint16_t* brow = sb + (row[g] - s);
-    for (int64_t j = 0; j < n; ++j) brow[j] = bf16_bits(row[g][j] * inv);
+    E* brow = sb + (row[g] - s);
+    for (int64_t j = 0; j < n; ++j) brow[j] = as_operand<E>(row[g][j] * inv);
     for (int64_t j = seen[g]; j < end; ++j) brow[j] = 0;
     stats[2 * (r + g - r0)] = mx[g], stats[2 * (r + g - r0) + 1] = inv;
   }
@@ -123,28 +135,29 @@ __attribute__((always_inline)) inline void softmax_group(float* __restrict s,
 
 // Rows [r0, r1) of one block's scores s [.., ld] (the product's output, in place): row r is
 // query position r / rep, which sees keys [0, r / rep]. sb = softmax(s / scale) over them,
-// rounded, 0 over the keys after it up to `end`; stats gets each row's (max, 1 / sum), from
-// which softmax_backward_rows forms the same numbers again.
-MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, uint16_t* __restrict sb, int64_t ld,
-                                      int64_t r0, int64_t r1, int64_t rep, int64_t end, float scale,
+// as an operand (rounded in bf16), 0 over the keys after it up to `end`; stats gets each row's
+// (max, 1 / sum), from which softmax_backward_rows forms the same numbers again.
+template <typename E>
+MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, E* __restrict sb, int64_t ld, int64_t r0,
+                                      int64_t r1, int64_t rep, int64_t end, float scale,
                                       float* __restrict stats) {
   for (int64_t r = r0; r < r1;) {
     if (whole_group(r, r1, rep, end)) {
-      softmax_group<kGroup>(s, sb, ld, r0, r, rep, end, scale, stats);
+      softmax_group<kGroup, E>(s, sb, ld, r0, r, rep, end, scale, stats);
       r += kGroup;
     } else {
-      softmax_group<1>(s, sb, ld, r0, r, rep, end, scale, stats);
+      softmax_group<1, E>(s, sb, ld, r0, r, rep, end, scale, stats);
       r += 1;
     }
   }
 }
 
 // Rows r .. r + G - 1 of softmax_backward_rows, all running to the same n.
-template <int G>
+template <int G, typename E>
 __attribute__((always_inline)) inline void softmax_backward_group(
-    float* __restrict s, uint16_t* __restrict pb, const float* __restrict dp,
-    uint16_t* __restrict dsb, int64_t ld, int64_t r0, int64_t r, int64_t rep, int64_t end,
-    float scale, const float* __restrict stats) {
+    float* __restrict s, E* __restrict pb, const float* __restrict dp, E* __restrict dsb,
+    int64_t ld, int64_t r0, int64_t r, int64_t rep, int64_t end, float scale,
+    const float* __restrict stats) {
   static const LaneInts kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   static_assert(kLanes == 16, "kIota lists the lanes");
   float* p[G];
@@ -179,10 +192,10 @@ __attribute__((always_inline)) inline void softmax_backward_group(
   // pb = p rounded; ds = p * (dp - dot) / scale rounded, 0 after `seen`.
   for (int g = 0; g < G; ++g) {
     const float* dp_g = dp + (p[g] - s);
-    uint16_t *pb_g = pb + (p[g] - s), *ds_g = dsb + (p[g] - s);
+    E *pb_g = pb + (p[g] - s), *ds_g = dsb + (p[g] - s);
     for (int64_t j = n; j < end; ++j) p[g][j] = 0.0f;
-    for (int64_t j = 0; j < end; ++j) pb_g[j] = bf16_bits(p[g][j]);
-    for (int64_t j = 0; j < n; ++j) ds_g[j] = bf16_bits((p[g][j] * (dp_g[j] - dot[g])) / scale);
+    for (int64_t j = 0; j < end; ++j) pb_g[j] = as_operand<E>(p[g][j]);
+    for (int64_t j = 0; j < n; ++j) ds_g[j] = as_operand<E>((p[g][j] * (dp_g[j] - dot[g])) / scale);
     for (int64_t j = seen[g]; j < end; ++j) ds_g[j] = 0;
   }
 }
@@ -192,17 +205,18 @@ __attribute__((always_inline)) inline void softmax_backward_group(
 // bit as softmax_rows formed it (the same operations, in the same order for each element),
 // pb = p rounded (for v's gradient), and ds = p * (dp - sum(dp * p)) / scale (ATen's softmax
 // backward, then the division's) rounded into dsb; 0 over the keys a row does not see.
-MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, uint16_t* __restrict pb,
-                                               const float* __restrict dp, uint16_t* __restrict dsb,
+template <typename E>
+MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, E* __restrict pb,
+                                               const float* __restrict dp, E* __restrict dsb,
                                                int64_t ld, int64_t r0, int64_t r1, int64_t rep,
                                                int64_t end, float scale,
                                                const float* __restrict stats) {
   for (int64_t r = r0; r < r1;) {
     if (whole_group(r, r1, rep, end)) {
-      softmax_backward_group<kGroup>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
+      softmax_backward_group<kGroup, E>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
       r += kGroup;
     } else {
-      softmax_backward_group<1>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
+      softmax_backward_group<1, E>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
       r += 1;
     }
   }
@@ -210,8 +224,27 @@ MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, uint16_t* __
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
 
-const uint16_t* bits(const torch::Tensor& t) {
-  return static_cast<const uint16_t*>(t.data_ptr());
+template <typename E>
+E* operands(const torch::Tensor& t) {
+  return static_cast<E*>(t.data_ptr());
+}
+
+// The products on E operands with fp32 sums and output (matmul.h).
+void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  gemm_bf16_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
+}
+void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float* c, int64_t ldc) {
+  gemm_f32_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
+}
+
+// n floats as the products take them: rounded to bf16, or copied.
+void to_operands(const float* src, uint16_t* dst, int64_t n) {
+  round_to_bf16(src, dst, n);
+}
+void to_operands(const float* src, float* dst, int64_t n) {
+  std::copy_n(src, n, dst);
 }
 
 // A thread's working memory for one block, kept between calls (a block's scores are at most
@@ -226,17 +259,19 @@ struct Scratch {
     return data.get();
   }
 };
+template <typename E>
 struct BlockBuffers {
   Scratch<float> s, dp, part, rows;
-  Scratch<uint16_t> sb, dsb, go;
+  Scratch<E> sb, dsb, go;
 };
-thread_local BlockBuffers buffers;
+template <typename E>
+thread_local BlockBuffers<E> buffers;
 
 // Where slice i = (batch b, kv head g) of the node finds its rows in the model's layouts:
 // q and the output [B, T, h, d] hold the rep query heads of g at position t as rep * d
 // contiguous floats; k and v [B, T, kv, d] hold g's key at t as d floats. The node works on
 // each slice as [T * rep, d] rows ordered (position, head), and [T, d], gathering them as
-// it rounds them to bf16 and scattering its results back, instead of permuted copies of
+// it rounds (or copies) them and scattering its results back, instead of permuted copies of
 // q, k, v and the output (and of their gradients) made by ATen around it.
 struct Slices {
   int64_t B, T, kv, rep, d;
@@ -246,13 +281,15 @@ struct Slices {
   int64_t kv_at(int64_t i, int64_t t) const {  // d floats
     return ((i / kv * T + t) * kv + i % kv) * d;
   }
-  // Slice i's rows of x [B, T, h, d] rounded into dst [T * rep, d].
-  void round_q_rows(int64_t i, const float* x, uint16_t* dst) const {
-    for (int64_t t = 0; t < T; ++t) round_to_bf16(x + q_at(i, t), dst + t * rep * d, rep * d);
+  // Slice i's rows of x [B, T, h, d] as operands into dst [T * rep, d].
+  template <typename E>
+  void q_rows(int64_t i, const float* x, E* dst) const {
+    for (int64_t t = 0; t < T; ++t) to_operands(x + q_at(i, t), dst + t * rep * d, rep * d);
   }
-  // Slice i's rows of x [B, T, kv, d] rounded into dst [T, d].
-  void round_kv_rows(int64_t i, const float* x, uint16_t* dst) const {
-    for (int64_t t = 0; t < T; ++t) round_to_bf16(x + kv_at(i, t), dst + t * d, d);
+  // Slice i's rows of x [B, T, kv, d] as operands into dst [T, d].
+  template <typename E>
+  void kv_rows(int64_t i, const float* x, E* dst) const {
+    for (int64_t t = 0; t < T; ++t) to_operands(x + kv_at(i, t), dst + t * d, d);
   }
   // Rows [t0 * rep, end * rep) of slice i, src [(end - t0) * rep, d], into out [B, T, h, d].
   void put_q_rows(int64_t i, int64_t t0, int64_t end, const float* src, float* out) const {
@@ -273,36 +310,37 @@ struct Slices {
 // sixth of the node's products) and the softmax from each row's (max, 1 / sum), instead of
 // writing [n, M, T] floats and their rounded copy to memory and reading them back (their
 // traffic took longer than the product).
-struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
+template <typename E>
+struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block) {
     const int64_t B = q.size(0), T = q.size(1), h = q.size(2), d = q.size(3), kv = k.size(2);
     const Slices sl{B, T, kv, h / kv, d};
     const int64_t rep = sl.rep, n = B * kv, M = T * rep;
-    const auto f32 = q.options(), bf16 = f32.dtype(torch::kBFloat16);
-    // The slices' rounded rows, kept for the backward: [n, M, d], [n, T, d] x2.
-    torch::Tensor qb = torch::empty({n, M, d}, bf16), kb = torch::empty({n, T, d}, bf16),
-                  vb = torch::empty({n, T, d}, bf16);
+    const auto f32 = q.options(),
+               of_e = f32.dtype(std::is_same_v<E, float> ? torch::kFloat32 : torch::kBFloat16);
+    // The slices' rows as operands, kept for the backward: [n, M, d], [n, T, d] x2.
+    torch::Tensor qb = torch::empty({n, M, d}, of_e), kb = torch::empty({n, T, d}, of_e),
+                  vb = torch::empty({n, T, d}, of_e);
     torch::Tensor stats = torch::empty({n, M, 2}, f32);  // [n, M, 2] (max, 1 / sum) per row
     torch::Tensor out = torch::empty({B, T, h * d}, f32);
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
-      auto *q_i = static_cast<uint16_t*>(qb.data_ptr()) + i * M * d,
-           *k_i = static_cast<uint16_t*>(kb.data_ptr()) + i * T * d,
-           *v_i = static_cast<uint16_t*>(vb.data_ptr()) + i * T * d;
-      sl.round_q_rows(i, q.data_ptr<float>(), q_i);
-      sl.round_kv_rows(i, k.data_ptr<float>(), k_i);
-      sl.round_kv_rows(i, v.data_ptr<float>(), v_i);
+      E *q_i = operands<E>(qb) + i * M * d, *k_i = operands<E>(kb) + i * T * d,
+        *v_i = operands<E>(vb) + i * T * d;
+      sl.q_rows(i, q.data_ptr<float>(), q_i);
+      sl.kv_rows(i, k.data_ptr<float>(), k_i);
+      sl.kv_rows(i, v.data_ptr<float>(), v_i);
       float* st_i = stats.data_ptr<float>() + i * M * 2;
-      BlockBuffers& b = buffers;
-      float* s = b.s.get(block * rep * T);       // [rows, end]
-      uint16_t* sb = b.sb.get(block * rep * T);  // [rows, end]
-      float* o = b.rows.get(block * rep * d);    // [rows, d]
+      BlockBuffers<E>& b = buffers<E>;
+      float* s = b.s.get(block * rep * T);     // [rows, end]
+      E* sb = b.sb.get(block * rep * T);       // [rows, end]
+      float* o = b.rows.get(block * rep * d);  // [rows, d]
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
-        gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
+        gemm_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
         softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
-        gemm_bf16_rows('N', 'N', rows, d, end, sb, end, v_i, d, o, d);
+        gemm_rows('N', 'N', rows, d, end, sb, end, v_i, d, o, d);
         sl.put_q_rows(i, t0, end, o, out.data_ptr<float>());
       }
     });
@@ -327,30 +365,30 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
                   gk = torch::zeros({B, T, kv, d}, f32), gv = torch::zeros({B, T, kv, d}, f32);
     const auto scale = static_cast<float>(std::sqrt(static_cast<double>(d)));
     run_blas_tasks(n, [&](int64_t i) {
-      const uint16_t *q_i = bits(qb) + i * M * d, *k_i = bits(kb) + i * T * d,
-                     *v_i = bits(vb) + i * T * d;
+      const E *q_i = operands<E>(qb) + i * M * d, *k_i = operands<E>(kb) + i * T * d,
+              *v_i = operands<E>(vb) + i * T * d;
       const float* st_i = stats.data_ptr<float>() + i * M * 2;
-      BlockBuffers& b = buffers;
-      float* s = b.s.get(block * rep * T);         // [rows, end]
-      float* dp = b.dp.get(block * rep * T);       // [rows, end]
-      float* part = b.part.get(T * d);             // [end, d]
-      float* dq = b.rows.get(block * rep * d);     // [rows, d]
-      uint16_t* pb = b.sb.get(block * rep * T);    // [rows, end]
-      uint16_t* dsb = b.dsb.get(block * rep * T);  // [rows, end]
-      uint16_t* go_i = b.go.get(M * d);            // [M, d] the slice's rows
-      sl.round_q_rows(i, go.data_ptr<float>(), go_i);
+      BlockBuffers<E>& b = buffers<E>;
+      float* s = b.s.get(block * rep * T);      // [rows, end]
+      float* dp = b.dp.get(block * rep * T);    // [rows, end]
+      float* part = b.part.get(T * d);          // [end, d]
+      float* dq = b.rows.get(block * rep * d);  // [rows, d]
+      E* pb = b.sb.get(block * rep * T);        // [rows, end]
+      E* dsb = b.dsb.get(block * rep * T);      // [rows, end]
+      E* go_i = b.go.get(M * d);                // [M, d] the slice's rows
+      sl.q_rows(i, go.data_ptr<float>(), go_i);
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
         // s = q @ k^T again, dp = go @ v^T; then p, pb and ds.
-        gemm_bf16_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);
-        gemm_bf16_rows('N', 'T', rows, end, d, go_i + r0 * d, d, v_i, d, dp, end);
+        gemm_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);
+        gemm_rows('N', 'T', rows, end, d, go_i + r0 * d, d, v_i, d, dp, end);
         softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
         // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q.
-        gemm_bf16_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
+        gemm_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
         sl.add_kv_rows(i, end, part, gv.data_ptr<float>());
-        gemm_bf16_rows('N', 'N', rows, d, end, dsb, end, k_i, d, dq, d);
+        gemm_rows('N', 'N', rows, d, end, dsb, end, k_i, d, dq, d);
         sl.put_q_rows(i, t0, end, dq, gq.data_ptr<float>());
-        gemm_bf16_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
+        gemm_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
         sl.add_kv_rows(i, end, part, gk.data_ptr<float>());
       }
     });
@@ -360,9 +398,12 @@ struct CausalAttentionBf16 : torch::autograd::Function<CausalAttentionBf16> {
 
 }  // namespace
 
-torch::Tensor causal_attention_bf16(const torch::Tensor& q, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t block) {
-  return CausalAttentionBf16::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
+torch::Tensor causal_attention_node(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, int64_t block, Precision precision) {
+  if (precision == Precision::bf16)
+    return CausalAttentionNode<uint16_t>::apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                block);
+  return CausalAttentionNode<float>::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
 }
 
 }  // namespace minimind
