@@ -557,21 +557,27 @@ TEST(NextTokenLoss, EqualsCrossEntropyOfTheShiftedLogitsBitForBit) {
   }
 }
 
-// bf16 training's head and loss as one node (head_next_token_loss_bf16), with ignored
-// labels, a row count that is not a multiple of the node's 32-row blocks, and both OpenBLAS
-// thread counts (blocks side by side or one after another):
+// Training's head and loss as one node (head_next_token_loss) in bf16 and in fp32 on oneDNN,
+// with ignored labels, a row count that is not a multiple of the node's 32-row blocks, and
+// both OpenBLAS thread counts (blocks side by side or one after another):
 // - the loss is bit for bit that of the head's product (project) followed by next_token_loss;
 // - the gradients are its formula, formed here in float64: with l the product's fp32 logits
-//   and u = bf16(onehot - softmax(l)) on the counted rows (0 elsewhere), d/dh = c u @ w and
-//   d/dw = c u^T @ h (bf16-rounded h and w), c = -upstream / count (mean) or -upstream (sum).
-//   Within 2e-5 of the largest element (1.4e-6 measured): the node's softmax is within a
-//   few ulp of ATen's, which moves a few of u's 1.3 M roundings by one bf16 step, and its
-//   sums are fp32; a gradient missing the upstream factor or the count, or with the label's
-//   1 in the wrong place, is off by more than 10 %.
+//   and u = onehot - softmax(l) on the counted rows (0 elsewhere, rounded to bf16 in bf16),
+//   d/dh = c u @ w and d/dw = c u^T @ h (h and w rounded in bf16), c = -upstream / count
+//   (mean) or -upstream (sum). Within 2e-5 of the largest element (1.4e-6 measured in bf16):
+//   the node's softmax is within a few ulp of ATen's, which moves a few of u's 1.3 M
+//   roundings by one bf16 step, and its sums are fp32; a gradient missing the upstream
+//   factor or the count, or with the label's 1 in the wrong place, is off by more than 10 %.
 // - with every label ignored, the gradients are zero.
-TEST(NextTokenLoss, Bf16HeadAndLossNodeMatchesItsFormula) {
+class HeadAndLossNode : public ::testing::TestWithParam<Precision> {};
+TEST_P(HeadAndLossNode, MatchesItsFormula) {
+  const bool bf16 = GetParam() == Precision::bf16;
+  // The operands as the node's products take them.
+  auto operand = [bf16](const torch::Tensor& t) {
+    return (bf16 ? t.to(torch::kBFloat16) : t).to(torch::kDouble);
+  };
   for (const int threads : {1, 2}) {
-    const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
+    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
     torch::manual_seed(6);
     const int64_t B = 3, T = 70, H = 48, V = 6400;  // 210 rows
     const torch::Tensor h0 = torch::randn({B, T, H}), w0 = 0.2 * torch::randn({V, H});
@@ -579,22 +585,21 @@ TEST(NextTokenLoss, Bf16HeadAndLossNodeMatchesItsFormula) {
     labels[1][4] = -100, labels[2][T - 1] = -100;
     const torch::Tensor targets = labels.narrow(1, 1, T - 1);  // [B, T-1]
     const torch::Tensor counted = targets.ne(-100);
-    const torch::Tensor hb = h0.to(torch::kBFloat16).to(torch::kDouble).reshape({-1, H});
-    const torch::Tensor wb = w0.to(torch::kBFloat16).to(torch::kDouble);
+    const torch::Tensor hb = operand(h0).reshape({-1, H}), wb = operand(w0);
     // u [B*T, V]: the last position and the ignored label's row stay 0.
-    const torch::Tensor logits = project(h0, w0).detach();  // [B, T, V] the bf16 product
+    const torch::Tensor logits = project(h0, w0).detach();  // [B, T, V] the node's product
     torch::Tensor u = torch::zeros({B, T, V});
     u.narrow(1, 0, T - 1)
         .copy_(-torch::softmax(logits.narrow(1, 0, T - 1), -1))
         .scatter_add_(2, targets.clamp_min(0).unsqueeze(-1), torch::ones({B, T - 1, 1}))
         .mul_(counted.unsqueeze(-1));
-    u = u.to(torch::kBFloat16).to(torch::kDouble).reshape({-1, V});
+    u = operand(u).reshape({-1, V});
     for (const bool mean : {true, false}) {
       SCOPED_TRACE("threads " + std::to_string(threads) + (mean ? " mean" : " sum"));
       torch::Tensor ha = h0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
       torch::Tensor hn = h0.clone().requires_grad_(), wn = w0.clone().requires_grad_();
       const torch::Tensor want = next_token_loss(project(ha, wa), labels, mean);
-      const torch::Tensor got = head_next_token_loss_bf16(hn, wn, labels, mean);
+      const torch::Tensor got = head_next_token_loss(hn, wn, labels, mean);
       EXPECT_EQ(got.item<float>(), want.item<float>());
       (got * 1.7).backward();
       const double c = -1.7 / (mean ? counted.sum().item<double>() : 1.0);
@@ -608,26 +613,35 @@ TEST(NextTokenLoss, Bf16HeadAndLossNodeMatchesItsFormula) {
       // form's (not the NaN of 0 * (upstream / 0)).
       torch::Tensor hz = h0.clone().requires_grad_(), wz = w0.clone().requires_grad_();
       const torch::Tensor none = torch::full({B, T}, -100, torch::kLong);
-      const torch::Tensor lz = head_next_token_loss_bf16(hz, wz, none, mean);
+      const torch::Tensor lz = head_next_token_loss(hz, wz, none, mean);
       EXPECT_EQ(std::isnan(lz.item<float>()), mean);
       lz.backward();
       EXPECT_TRUE(hz.grad().eq(0).all().item<bool>());
       EXPECT_TRUE(wz.grad().eq(0).all().item<bool>());
-      // Not fp32's numbers: the products ran in bf16.
-      const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, threads));
-      EXPECT_GT(std::abs(next_token_loss(project(h0, w0), labels, mean).item<float>() -
-                         got.item<float>()),
-                0.0f);
+      // Not vacuous: the node ran; bf16's products are not fp32's; in fp32 the loss is
+      // within a few ulp of ATen's on OpenBLAS (PyTorch's numbers).
+      EXPECT_NE(got.grad_fn()->name().find("HeadNextTokenLoss"), std::string::npos);
+      const ComputeScope other(test::test_plan(
+          Precision::fp32, bf16 ? MatmulBackend::onednn : MatmulBackend::openblas, threads));
+      const float plain = next_token_loss(project(h0, w0), labels, mean).item<float>();
+      if (bf16) {
+        EXPECT_GT(std::abs(plain - got.item<float>()), 0.0f);
+      } else {
+        EXPECT_LE(std::abs(plain - got.item<float>()), 1e-5 * std::abs(plain));
+      }
     }
   }
 }
+INSTANTIATE_TEST_SUITE_P(Precisions, HeadAndLossNode,
+                         ::testing::Values(Precision::bf16, Precision::fp32));
 
-// bf16 training's loss runs loops of its own (an AVX-512 e^x) where fp32, evaluation and
-// generation run ATen's log-softmax and its backward: the same loss and logits' gradient
+// Training outside ATen (here bf16) runs the loss's loops of its own (an AVX-512 e^x) where
+// fp32 on OpenBLAS, evaluation and generation run ATen's log-softmax and its backward: the
+// same loss and logits' gradient
 // within 1e-5 relative (e^x to about 2 ulp against Sleef's 1; the log-probabilities of
 // 3-sigma logits are off by a few ulp of their magnitude), on a row length that is a
 // multiple of the 16 lanes and one that is not, with ignored labels and mean or sum.
-TEST(NextTokenLoss, Bf16TrainingLoopsMatchAtenWithinTolerance) {
+TEST(NextTokenLoss, OwnTrainingLoopsMatchAtenWithinTolerance) {
   for (const int64_t V : {6400, 1001}) {
     for (const bool mean : {true, false}) {
       SCOPED_TRACE("V " + std::to_string(V) + (mean ? " mean" : " sum"));
@@ -639,7 +653,7 @@ TEST(NextTokenLoss, Bf16TrainingLoopsMatchAtenWithinTolerance) {
       torch::Tensor a = logits0.clone().requires_grad_(), b = logits0.clone().requires_grad_();
       torch::Tensor want, got;
       {
-        const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, 2));
+        const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::openblas, 2));
         want = next_token_loss(a, labels, mean);  // ATen's
       }
       {

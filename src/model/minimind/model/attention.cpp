@@ -67,10 +67,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   // Training whose products leave ATen (bf16, or fp32 on oneDNN): one node for scores, mask,
   // softmax and the product with v, taking q, k and v in the model's layout. fp32 on OpenBLAS
   // keeps the ATen form below: PyTorch's numbers bit for bit.
-  const Precision precision = product_settings().precision;
-  if (q.scalar_type() == torch::kFloat32 && torch::GradMode::is_enabled() &&
-      products_leave_aten(precision) && (dropout == 0 || !training))
-    return causal_attention_node(q, k, v, block, precision);
+  if (own_training_node(q) && (dropout == 0 || !training))
+    return causal_attention_node(q, k, v, block, product_settings().precision);
   // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
   // ordered (position, head), so a block of positions is a contiguous range of rows.
   const torch::Tensor qg = q.view({B, T, kv, rep, d})

@@ -39,15 +39,6 @@ using torch::autograd::variable_list;
 
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-// An fp32 value as the products take it (E: bf16 bits, or float as is).
-template <typename E>
-__attribute__((always_inline)) inline E as_operand(float x) {
-  if constexpr (std::is_same_v<E, float>)
-    return x;
-  else
-    return bf16_bits(x);
-}
-
 // How far a row's loops run: the keys it sees, rounded up to whole kLanes (but not past
 // `end`), so that the loops have no scalar tail; the keys in between are masked.
 inline int64_t padded(int64_t seen, int64_t end) {

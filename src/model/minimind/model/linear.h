@@ -32,6 +32,15 @@ inline bool bf16_training_node(const torch::Tensor& x) {
          torch::GradMode::is_enabled();
 }
 
+// Whether the training nodes shared by both precisions (attention, head and loss) take the
+// float32 activation x: gradients on and products outside ATen, in bf16 or in fp32 on
+// oneDNN. fp32 on OpenBLAS keeps ATen's forms and PyTorch's numbers bit for bit; these
+// nodes' own e^x and order of sums put fp32 on oneDNN a few ulp from them.
+inline bool own_training_node(const torch::Tensor& x) {
+  return products_leave_aten(product_settings().precision) && x.scalar_type() == torch::kFloat32 &&
+         torch::GradMode::is_enabled();
+}
+
 // a [..., M, K] @ b [..., K, N] with equal leading dimensions (attention's two products).
 torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b);
 

@@ -109,11 +109,11 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   h = model->norm->forward_add(stream.x, stream.delta, stream.delta_from_products).normed;
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, h.options());
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, h.options());
-  if (labels.defined() && !o.logits && bf16_training_node(h)) {
-    // bf16 training: the logits are formed inside the loss, and not kept.
-    out.loss = o.shard ? head_next_token_loss_bf16(h, lm_head_weight(), labels, /*mean=*/false) /
+  if (labels.defined() && !o.logits && own_training_node(h)) {
+    // Training outside ATen: the logits are formed inside the loss, and not kept.
+    out.loss = o.shard ? head_next_token_loss(h, lm_head_weight(), labels, /*mean=*/false) /
                              static_cast<double>(o.shard->targets)
-                       : head_next_token_loss_bf16(h, lm_head_weight(), labels);
+                       : head_next_token_loss(h, lm_head_weight(), labels);
     return out;
   }
   out.logits = project(h, lm_head_weight());  // [B, T, V]

@@ -71,8 +71,8 @@ struct ForwardOptions {
   // routers, and the LM head is about half of a tiny model's work)
   bool head = true;
   // false: the caller reads only the losses (training): logits stay undefined, their buffer
-  // freed as soon as the loss is formed, and bf16 training forms them inside the loss
-  // (head_next_token_loss_bf16).
+  // freed as soon as the loss is formed, and training outside ATen forms them inside the
+  // loss (head_next_token_loss).
   bool logits = true;
   // The inputs are some rows of a micro-batch trained in shards side by side (batch_shard.h):
   // the losses are this shard's part of the micro-batch's (they add up over the shards).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "minimind/model/linear.h"
@@ -30,12 +31,12 @@ constexpr int64_t kIgnore = -100;
 // split every block into the same vectors as the whole.
 constexpr int64_t kRowBlock = 512;
 
-// bf16 training's log-softmax and its backward: the formulas of ATen's kernels, in loops of
-// our own. Why: ATen 1.13 as Debian builds it runs e^x through Sleef's AVX2 code even on an
-// AVX-512 CPU, in three passes over [B*T, V] floats each way; these run e^x in AVX-512
-// (exp_clamped, about 2 ulp where Sleef's is 1) and form each row's bf16 gradient in one
-// pass. Only bf16 training takes them (Kernels::own): its products already round far more
-// than this; fp32, evaluation and generation keep ATen's numbers.
+// Training's log-softmax and its backward where the products leave ATen (bf16, or fp32 on
+// oneDNN: own_training_node): the formulas of ATen's kernels, in loops of our own. Why: ATen
+// 1.13 as Debian builds it runs e^x through Sleef's AVX2 code even on an AVX-512 CPU, in
+// three passes over [B*T, V] floats each way; these run e^x in AVX-512 (exp_clamped, about 2
+// ulp where Sleef's is 1) and form each row's gradient (rounded in bf16) in one pass. fp32 on
+// OpenBLAS, evaluation and generation keep ATen's numbers.
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
 // out = (x - max) - log(sum(e^(x - max))) per row of V; out may be x.
@@ -61,22 +62,23 @@ MINIMIND_CPU_CLONES void loss_gradient_row(float* lsm, int64_t V, int64_t label,
   lsm[label] += v;
 }
 
-// One row x [V] of logits with its label, in place (bf16 training's head and loss): returns
-// the label's log-probability, (x - max) - log(sum(e^(x - max))) at the label, bit for bit
-// as log_softmax_rows forms it, and rounds the row's gradient for a unit upstream gradient,
-// onehot(label) - softmax(x), into u. x is left holding e^(x - max).
-MINIMIND_CPU_CLONES float loss_row(float* __restrict x, uint16_t* __restrict u, int64_t V,
-                                   int64_t label) {
+// One row x [V] of logits with its label, in place (training's head and loss): returns the
+// label's log-probability, (x - max) - log(sum(e^(x - max))) at the label, bit for bit as
+// log_softmax_rows forms it, and writes the row's gradient for a unit upstream gradient,
+// onehot(label) - softmax(x), into u as the products' operand E (rounded in bf16). x is left
+// holding e^(x - max).
+template <typename E>
+MINIMIND_CPU_CLONES float loss_row(float* __restrict x, E* __restrict u, int64_t V, int64_t label) {
   const float mx = max_lanes(x, V), at_label = x[label];
   const float sum = exp_sum_lanes(x, V, mx), inv = 1.0f / sum;
-  for (int64_t j = 0; j < V; ++j) u[j] = bf16_bits(-(x[j] * inv));
-  u[label] = bf16_bits(1.0f - x[label] * inv);
+  for (int64_t j = 0; j < V; ++j) u[j] = as_operand<E>(-(x[j] * inv));
+  u[label] = as_operand<E>(1.0f - x[label] * inv);
   return (at_label - mx) - std::log(sum);
 }
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
 
-// Whether a loss takes the loops above: in bf16 training (see bf16_training_node).
+// Whether a loss takes the loops above: in training outside ATen (see own_training_node).
 enum class Kernels : bool { aten, own };
 
 // What the loss's backward needs from its forward.
@@ -204,42 +206,49 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
   }
 };
 
-// The head's product and the loss as one node in bf16: logits [B*T, V] = bf16(h) @ bf16(w)^T
-// with fp32 sums (as project() computes them), then in one pass over each row its softmax,
-// the label's log-probability and the row's gradient for a unit upstream gradient,
-// onehot - softmax, rounded to bf16 for the backward's products. The backward scales their
-// fp32 results by the upstream gradient (the mean's 1 / count included): the logits'
-// gradient is a multiple of that one matrix.
+// The head's product and the loss as one node in training outside ATen: logits [B*T, V] =
+// h @ w^T as project() computes them (bf16(h) @ bf16(w)^T with fp32 sums, or fp32 on
+// oneDNN), then in one pass over each row its softmax, the label's log-probability and the
+// row's gradient for a unit upstream gradient, onehot - softmax, as the backward's products'
+// operand E (rounded to bf16, or float). The backward scales their fp32 results by the
+// upstream gradient (the mean's 1 / count included): the logits' gradient is a multiple of
+// that one matrix.
 //
 // Why: the unfused form wrote the log-probabilities over the logits and formed the gradient
 // from them in the backward, running e^x over [B*T, V] twice, the largest elementwise work of
 // a bf16 step; here it runs once, and the backward has no pass over [B*T, V] of its own. The
 // loss is bitwise the unfused one; the gradients differ from it in how they round:
-// bf16(onehot - p) scaled after the products, where the unfused form rounds v (onehot - p).
+// E(onehot - p) scaled after the products, where the unfused form rounds v (onehot - p).
 // Forming the logits 16-256 rows at a time in cache was no faster: the row loops are
 // bound by e^x, not memory, and the head's product ran 10-45 % slower in row blocks
 // (docs/benchmarks/2026-12-05-amd-bf16-loss-softmax-casts.md).
-struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> {
+template <typename E>
+struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
+  static constexpr Precision kPrecision =
+      std::is_same_v<E, float> ? Precision::fp32 : Precision::bf16;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
-    const torch::Tensor hs = to_bf16(h.reshape({-1, h.size(-1)}));  // [B*T, H]
-    const torch::Tensor ws = to_bf16(w, /*parameter=*/true);        // [V, H]
+    const torch::Tensor h2 = h.reshape({-1, h.size(-1)});
+    const bool bf16 = kPrecision == Precision::bf16;
+    const torch::Tensor hs = bf16 ? to_bf16(h2) : h2;                    // [B*T, H]
+    const torch::Tensor ws = bf16 ? to_bf16(w, /*parameter=*/true) : w;  // [V, H]
     const int64_t B = labels.size(0), T = labels.size(1), V = ws.size(0);
     torch::Tensor logits;  // [B*T, V]
-    in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), Precision::bf16); });
+    in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), kPrecision); });
     const LabelMask mask(labels);
     const LabelRows rows(mask.safe, mask.counted);
     torch::Tensor picked = torch::zeros({B * (T - 1), 1}, h.options());  // [B*(T-1), 1]
-    torch::Tensor unit = torch::empty({B * T, V}, h.options().dtype(torch::kBFloat16));
-    auto* unit_bits = static_cast<uint16_t*>(unit.data_ptr());
+    torch::Tensor unit =
+        torch::empty({B * T, V}, h.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+    auto* unit_rows = static_cast<E*>(unit.data_ptr());
     float* picked_at = picked.data_ptr<float>();
     float* x = logits.data_ptr<float>();
     run_row_blocks(B * T, kRowBlock, [&](int64_t r0, int64_t n) {
       for (int64_t r = r0; r < r0 + n; ++r) {
-        uint16_t* u = unit_bits + r * V;
+        E* u = unit_rows + r * V;
         const int64_t target = rows.target(r, T);
         if (target < 0)
-          std::fill(u, u + V, uint16_t{0});
+          std::fill(u, u + V, E{0});
         else
           picked_at[LabelRows::at(r, T)] = loss_row(x + r * V, u, V, target);
       }
@@ -259,8 +268,8 @@ struct HeadNextTokenLossBf16 : torch::autograd::Function<HeadNextTokenLossBf16> 
     const float v =
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool()).item<float>();
     torch::Tensor gh, gw;
-    in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, Precision::bf16); });
-    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, Precision::bf16); });
+    in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, kPrecision); });
+    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, kPrecision); });
     // With no label counted, unit is all zero and so are gh and gw, as the unfused form's
     // gradient; v (upstream / 0 for the mean) would turn them into NaN.
     if (total_weight.item<double>() > 0) gh.mul_(v), gw.mul_(v);
@@ -275,17 +284,21 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(1) >= 2,
               "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
   const StepScope part(StepPart::loss);
-  // bf16 training takes the own loops (as head_next_token_loss_bf16 does), the rest ATen's.
+  // Training outside ATen takes the own loops (as head_next_token_loss does), the rest ATen's.
   return NextTokenLoss::apply(logits.contiguous(), labels, mean,
-                              logits.requires_grad() && bf16_training_node(logits));
+                              logits.requires_grad() && own_training_node(logits));
 }
 
-torch::Tensor head_next_token_loss_bf16(const torch::Tensor& h, const torch::Tensor& w,
-                                        const torch::Tensor& labels, bool mean) {
+torch::Tensor head_next_token_loss(const torch::Tensor& h, const torch::Tensor& w,
+                                   const torch::Tensor& labels, bool mean) {
   TORCH_CHECK(h.dim() == 3 && labels.dim() == 2 && h.size(1) >= 2 && w.size(1) == h.size(2),
-              "head_next_token_loss_bf16: h [B, T, H], w [V, H] and labels [B, T], T >= 2");
+              "head_next_token_loss: h [B, T, H], w [V, H] and labels [B, T], T >= 2");
+  TORCH_CHECK(products_leave_aten(product_settings().precision),
+              "head_next_token_loss: bf16, or fp32 on oneDNN");
   const StepScope part(StepPart::loss);
-  return HeadNextTokenLossBf16::apply(h.contiguous(), w, labels, mean);
+  if (product_settings().precision == Precision::bf16)
+    return HeadNextTokenLoss<uint16_t>::apply(h.contiguous(), w, labels, mean);
+  return HeadNextTokenLoss<float>::apply(h.contiguous(), w, labels, mean);
 }
 
 }  // namespace minimind

@@ -26,13 +26,13 @@ namespace minimind {
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels,
                               bool mean = true);
 
-// bf16 training's head and loss in one node: next_token_loss(project(h, w)) with the products
-// in bf16 (h [B, T, H] float, w [V, H] float), the same loss bit for bit (tested). One pass
-// per row forms the loss and the logits' gradient for a unit upstream gradient in bf16; the
-// backward scales its products by the upstream gradient, so the gradients round as
-// v * bf16(onehot - p), not bf16(v * (onehot - p)) (tested against that formula). The logits
-// are not returned.
-torch::Tensor head_next_token_loss_bf16(const torch::Tensor& h, const torch::Tensor& w,
-                                        const torch::Tensor& labels, bool mean = true);
+// Training's head and loss in one node where the products leave ATen (bf16, or fp32 on
+// oneDNN): next_token_loss(project(h, w)) (h [B, T, H] float, w [V, H] float), the same loss
+// bit for bit (tested). One pass per row forms the loss and the logits' gradient for a unit
+// upstream gradient (rounded to bf16 in bf16); the backward scales its products by the
+// upstream gradient, so in bf16 the gradients round as v * bf16(onehot - p), not
+// bf16(v * (onehot - p)) (tested against that formula). The logits are not returned.
+torch::Tensor head_next_token_loss(const torch::Tensor& h, const torch::Tensor& w,
+                                   const torch::Tensor& labels, bool mean = true);
 
 }  // namespace minimind
