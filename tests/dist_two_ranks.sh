@@ -95,7 +95,7 @@ grep -q "matrix products in bf16" "$WORK/moelab-bf16-2x4.log" || { echo "FAIL: n
 # Measured (2026-12-02, bias update off): loss 9.8e-5, weights 1.1e-2 relative, 7.9 % of a
 # step's assignments routed differently (near-ties fall either way once weights differ in
 # bf16's last bits; the routing weights' gradient carries bf16 rounding as autocast's does,
-# routed_experts_bf16.cpp); fp32 above: 1e-5 and equal counts. The largest step's share is
+# routed_experts_fused.cpp); fp32 above: 1e-5 and equal counts. The largest step's share is
 # chaotic, so the check is on the mean over the 24 (step, layer) records, with a loose bound
 # on the largest. Measured 2026-12-05 (0e94f9e / d40befc): seed 5 mean 1.7 % / under 1 %,
 # largest 17 % (one layer, step 11) / 1.4 %; seeds 6 and 7 largest 1.0 and 3.5 % / 2.9 and

@@ -734,21 +734,26 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
   }
 }
 
-// The dense feed-forward's bf16 node (swiglu_bf16.h, taken by FeedForward in bf16 training)
-// against the unfused bf16 form: the same products through project() and ATen's silu and mul
-// between them. Both round the same operands; they differ in the SwiGLU's exp (a polynomial
-// against ATen's, a few ulp), in the order of fp32 sums ([g | u] as one product; the input
-// gradient as one sum over 2I), and so possibly in a rare bf16 rounding of a or of the
-// SwiGLU's gradient. Measured: output and weight gradients equal, the input gradient 1.3e-7
-// relative; allowed 1e-3, against fp32's distance from bf16 here of 4.3e-3 (checked, so that
-// the test sees a bf16 run). 100 rows (not a multiple of the node's 64-row blocks), I = 80
-// (not a multiple of the vector width), one and two threads, the bf16 GEMM and its fallback.
-TEST(FeedForward, Bf16NodeMatchesTheUnfusedBf16Form) {
+// The dense feed-forward's node (swiglu_fused.h, taken by FeedForward in bf16 training and
+// in fp32 training on oneDNN) against the unfused form in the same precision: the same
+// products through project() and ATen's silu and mul between them. Both take the same
+// operands; they differ in the SwiGLU's exp (a polynomial against ATen's, a few ulp), in the
+// order of fp32 sums ([g | u] as one product; the input gradient as one sum over 2I), and so
+// in bf16 possibly in a rare rounding of a or of the SwiGLU's gradient. Measured in bf16:
+// output and weight gradients equal, the input gradient 1.3e-7 relative; allowed 1e-3 in bf16
+// (against fp32's distance from bf16 here of 4.3e-3, checked, so that the test sees a bf16
+// run) and 1e-5 in fp32. 100 rows (not a multiple of the node's 64-row blocks), I = 80 (not
+// a multiple of the vector width), one and two threads, and in bf16 the bf16 GEMM's fallback.
+class FusedFeedForward : public ::testing::TestWithParam<Precision> {};
+TEST_P(FusedFeedForward, MatchesTheUnfusedForm) {
+  const bool bf16 = GetParam() == Precision::bf16;
+  const double tol = bf16 ? 1e-3 : 1e-5;
   for (const int run : {0, 1, 2}) {
+    if (run == 2 && !bf16) continue;
     const int threads = run == 0 ? 1 : 2;
     force_bf16_gemm_fallback(run == 2);
     SCOPED_TRACE("threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
-    const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
+    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
     torch::manual_seed(22);
     const int64_t N = 100, H = 48, I = 80;
     FeedForward ff(H, I);
@@ -760,16 +765,19 @@ TEST(FeedForward, Bf16NodeMatchesTheUnfusedBf16Form) {
     const torch::Tensor want =
         project(torch::silu(project(xa, plain[0])) * project(xa, plain[2]), plain[1]);
     const torch::Tensor got = ff(xb);
+    ASSERT_NE(got.grad_fn()->next_edges()[0].function->name().find("DenseSwiGLU"),
+              std::string::npos);
     auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
       return (a - b).norm().item<double>() / b.norm().item<double>();
     };
-    EXPECT_LE(rel(got, want), 1e-3);
+    EXPECT_LE(rel(got, want), tol);
     want.backward(g);
     got.backward(g);
-    EXPECT_LE(rel(xb.grad(), xa.grad()), 1e-3);
+    EXPECT_LE(rel(xb.grad(), xa.grad()), tol);
     const auto params = ff->parameters();
     for (size_t i = 0; i < params.size(); ++i)
-      EXPECT_LE(rel(params[i].grad(), plain[i].grad()), 1e-3) << "weight " << i;
+      EXPECT_LE(rel(params[i].grad(), plain[i].grad()), tol) << "weight " << i;
+    if (!bf16) continue;
     // fp32's output is farther away: the node ran in bf16.
     const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, threads));
     torch::NoGradGuard no_grad;
@@ -777,20 +785,28 @@ TEST(FeedForward, Bf16NodeMatchesTheUnfusedBf16Form) {
   }
   force_bf16_gemm_fallback(false);
 }
+INSTANTIATE_TEST_SUITE_P(Precisions, FusedFeedForward,
+                         ::testing::Values(Precision::bf16, Precision::fp32));
 
-// The bf16 node (run.precision: bf16) against the plain form written in fp32 with every
-// product's inputs rounded to bf16 (autograd through the casts rounds the gradients reaching
-// them too): outputs within 2e-3 and gradients within 3e-2 of the plain form, relative to
-// its norm (a few bf16 roundings of 2^-8 each; a wrong layout or a missing product is off
-// by far more). A row with routing weight 0 takes the direct sum gy . ys for its weight's
-// gradient, which sees no rounding the plain form lacks: within 1e-4 relative. Serial (one
-// OpenBLAS thread) and side by side (two), on the bf16 GEMM and on its fallback.
-TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
+// The fused node (routed_experts_fused.cpp; bf16, and fp32 training on oneDNN) against the
+// plain form written in fp32 with every product's inputs as the node takes them: in bf16
+// rounded (autograd through the casts rounds the gradients reaching them too), outputs within
+// 2e-3 and gradients within 3e-2 of the plain form, relative to its norm (a few bf16
+// roundings of 2^-8 each; a wrong layout or a missing product is off by far more); in fp32
+// within 1e-5 (other orders of fp32 sums; the routing weight's gradient as (ga . a) / w). A
+// row with routing weight 0 takes the direct sum gy . ys for its weight's gradient, which
+// sees no rounding the plain form lacks: within 1e-4 relative. Serial (one OpenBLAS thread)
+// and side by side (two), and in bf16 on the bf16 GEMM's fallback.
+class FusedRoutedExperts : public ::testing::TestWithParam<Precision> {};
+TEST_P(FusedRoutedExperts, MatchThePlainFormOnTheSameOperands) {
+  const bool bf16 = GetParam() == Precision::bf16;
+  const double out_tol = bf16 ? 2e-3 : 1e-5, grad_tol = bf16 ? 3e-2 : 1e-5;
   for (const int run : {0, 1, 2}) {
+    if (run == 2 && !bf16) continue;
     const int threads = run == 0 ? 1 : 2;
     force_bf16_gemm_fallback(run == 2);
     SCOPED_TRACE("OpenBLAS threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
-    const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn, threads));
+    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
     torch::manual_seed(21);
     const int64_t N = 12, H = 32, I = 40;
     const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
@@ -801,8 +817,8 @@ TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
       experts.emplace_back(H, I);
       for (auto& p : experts.back()->parameters()) p.data().normal_(0.0, 0.3);
     }
-    auto rounded = [](const torch::Tensor& t) {
-      return t.to(torch::kBFloat16).to(torch::kFloat32);
+    auto rounded = [bf16](const torch::Tensor& t) {
+      return bf16 ? t.to(torch::kBFloat16).to(torch::kFloat32) : t;
     };
     const torch::Tensor x0 = torch::randn({N, H}), g = torch::randn({N, H});
     torch::Tensor w0 = torch::rand({token.size(0)}) + 0.1;
@@ -826,15 +842,17 @@ TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
     const torch::Tensor want =
         torch::zeros({N, H}).index_add(0, token, torch::cat(parts) * wa.unsqueeze(1));
     const torch::Tensor got = routed_experts(xb, token, wb, counts, experts);
+    ASSERT_NE(got.grad_fn()->name().find("RoutedSwiGLUFused"), std::string::npos)
+        << got.grad_fn()->name();
     auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
       return (a - b).norm().item<double>() / b.norm().item<double>();
     };
-    EXPECT_LE(rel(got, want), 2e-3);
+    EXPECT_LE(rel(got, want), out_tol);
     EXPECT_TRUE(got[11].eq(0).all().item<bool>());  // a token without rows
     want.backward(g);
     got.backward(g);
-    EXPECT_LE(rel(xb.grad(), xa.grad()), 3e-2);
-    EXPECT_LE(rel(wb.grad(), wa.grad()), 3e-2);
+    EXPECT_LE(rel(xb.grad(), xa.grad()), grad_tol);
+    EXPECT_LE(rel(wb.grad(), wa.grad()), grad_tol);
     EXPECT_NEAR(wb.grad()[6].item<double>(), wa.grad()[6].item<double>(),
                 1e-4 * std::abs(wa.grad()[6].item<double>()));
     for (size_t e = 0; e < counts.size(); ++e) {
@@ -844,10 +862,12 @@ TEST(RoutedExperts, Bf16NodeMatchesThePlainFormOnRoundedInputs) {
           EXPECT_TRUE(params[i].grad().eq(0).all().item<bool>()) << "idle expert " << e;
           continue;
         }
-        EXPECT_LE(rel(params[i].grad(), plain[e][i].grad()), 3e-2)
+        EXPECT_LE(rel(params[i].grad(), plain[e][i].grad()), grad_tol)
             << "expert " << e << " weight " << i;
       }
     }
   }
   force_bf16_gemm_fallback(false);
 }
+INSTANTIATE_TEST_SUITE_P(Precisions, FusedRoutedExperts,
+                         ::testing::Values(Precision::bf16, Precision::fp32));

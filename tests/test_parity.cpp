@@ -467,7 +467,7 @@ TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
     };
 
     // The scheme: summation order, and one rounding: the routed experts take each routing
-    // weight's gradient from w gy rounded (routed_experts_bf16.cpp), where the scheme uses
+    // weight's gradient from w gy rounded (routed_experts_fused.cpp), where the scheme uses
     // the fp32 gy. A last-bit difference can move a value across a bf16 rounding boundary
     // (a 2^-8 step for that element), and the backward rounds at every product, so
     // gradients carry a few such steps: measured up to 1.9e-3 relative (3.4e-3 in the

@@ -415,6 +415,16 @@ torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters) {
   return bf16_copies().get(parameters);
 }
 
+torch::Tensor to_operand(const torch::Tensor& x, Precision precision, bool parameter) {
+  return precision == Precision::bf16 ? to_bf16(x, parameter) : x.contiguous();
+}
+
+torch::Tensor to_operand_cat(const std::vector<torch::Tensor>& parameters, Precision precision) {
+  if (precision == Precision::bf16) return to_bf16_cat(parameters);
+  const torch::NoGradGuard no_grad;
+  return torch::cat(parameters, 0);
+}
+
 void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
                  Precision precision) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) &&

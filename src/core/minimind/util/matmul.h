@@ -20,6 +20,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "minimind/choices.h"
 #include "minimind/util/matmul_peak.h"
@@ -67,6 +68,16 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
 void gemm_f32_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
                    const float* b, int64_t ldb, float* c, int64_t ldc);
 
+// The two above by their operands' type, for nodes written once for both precisions.
+inline void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a,
+                      int64_t lda, const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
+  gemm_bf16_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
+}
+inline void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  gemm_f32_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
+}
+
 // c [n, M, N] = a [n, M, K] @ b [n, K, N], the n products spread over the cores.
 torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
 
@@ -82,6 +93,13 @@ void remember_bf16(const torch::Tensor& x, const torch::Tensor& copy);
 // [sum r_i, C], kept until one of them changes or is freed (an expert's gate and up
 // weights, for one product over both).
 torch::Tensor to_bf16_cat(const std::vector<torch::Tensor>& parameters);
+
+// x as the operands of products in `precision` (bf16 or fp32 on oneDNN), for nodes written
+// once for both: to_bf16(x, parameter) in bf16, x itself (contiguous) in fp32. The _cat form:
+// to_bf16_cat's kept copy in bf16, in fp32 the parameters stacked anew (no copy is kept: a
+// parameter's own floats change in place at each optimizer step).
+torch::Tensor to_operand(const torch::Tensor& x, Precision precision, bool parameter = false);
+torch::Tensor to_operand_cat(const std::vector<torch::Tensor>& parameters, Precision precision);
 
 // For an optimizer that updates a parameter p through its pointer: where the rounded copy
 // that to_bf16 or to_bf16_cat keeps of p holds p's numel() values, so that the update writes

@@ -220,16 +220,6 @@ E* operands(const torch::Tensor& t) {
   return static_cast<E*>(t.data_ptr());
 }
 
-// The products on E operands with fp32 sums and output (matmul.h).
-void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda,
-               const uint16_t* b, int64_t ldb, float* c, int64_t ldc) {
-  gemm_bf16_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
-}
-void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float* c, int64_t ldc) {
-  gemm_f32_rows(ta, tb, M, N, K, a, lda, b, ldb, c, ldc);
-}
-
 // n floats as the products take them: rounded to bf16, or copied.
 void to_operands(const float* src, uint16_t* dst, int64_t n) {
   round_to_bf16(src, dst, n);

@@ -1,6 +1,7 @@
-// What the routed-experts nodes (routed_experts.cpp for fp32 and float64, routed_experts_bf16.cpp
-// for bf16) share: moving token rows to their experts and back, per-thread scratch buffers,
-// and the order and placement of the experts' tasks. Internal to the model library.
+// What the routed-experts nodes (routed_experts.cpp, the plain one, and
+// routed_experts_fused.cpp for bf16 and fp32 training on oneDNN) share: moving token rows to their
+// experts and back, per-thread scratch buffers, and the order and placement of the experts' tasks.
+// Internal to the model library.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,7 +1,7 @@
 #include "minimind/model/feed_forward.h"
 
 #include "minimind/model/linear.h"
-#include "minimind/model/swiglu_bf16.h"
+#include "minimind/model/swiglu_fused.h"
 #include "minimind/util/step_part.h"
 
 namespace minimind {
@@ -14,10 +14,10 @@ FeedForwardImpl::FeedForwardImpl(int64_t hidden_size, int64_t intermediate_size)
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  if (bf16_training_node(x)) {
-    // bf16 training: one node, the SwiGLU fused between its products (swiglu_bf16.h).
-    return dense_swiglu_bf16(x.reshape({-1, x.size(-1)}), gate_proj->weight, up_proj->weight,
-                             down_proj->weight)
+  if (own_training_node(x)) {
+    // Training outside ATen: one node, the SwiGLU fused between its products (swiglu_fused.h).
+    return dense_swiglu(x.reshape({-1, x.size(-1)}), gate_proj->weight, up_proj->weight,
+                        down_proj->weight)
         .view(x.sizes());  // [..., H]
   }
   const torch::Tensor g = project(x, gate_proj->weight), u = project(x, up_proj->weight);

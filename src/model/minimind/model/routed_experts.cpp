@@ -1,6 +1,7 @@
 #include "minimind/model/routed_experts.h"
 
 #include "minimind/model/expert_rows.h"
+#include "minimind/model/linear.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
@@ -204,8 +205,11 @@ torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
     weights.push_back(ex->up_proj->weight);
     weights.push_back(ex->down_proj->weight);
   }
-  if (product_settings().precision == Precision::bf16 && x.scalar_type() == torch::kFloat32)
-    return routed_experts_bf16(x.contiguous(), tokens, weight.contiguous(), counts, weights);
+  // bf16 always; fp32 on oneDNN in training (own_training_node: evaluation keeps the plain
+  // node's numbers).
+  const bool float32 = x.scalar_type() == torch::kFloat32;
+  if (float32 && (product_settings().precision == Precision::bf16 || own_training_node(x)))
+    return routed_experts_fused(x.contiguous(), tokens, weight.contiguous(), counts, weights);
   return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(), tokens, counts,
                              at::TensorList(weights));  // one input per weight
 }

@@ -36,15 +36,17 @@ namespace minimind {
 // expert(e_i)(x[n]); zero for a token without any (all its slots dropped).
 // Experts without rows get a zero gradient in training, as if they had joined the graph
 // (MiniMind's `0 * sum(params)`).
-// In bf16 (run.precision) the node is routed_experts_bf16.cpp's.
+// In bf16 (run.precision), and in fp32 training on oneDNN, the node is
+// routed_experts_fused.cpp's.
 torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
                              const torch::Tensor& weight, const std::vector<int64_t>& counts,
                              const std::vector<FeedForward>& experts);
 
-// routed_experts in bf16, on float32 x and weight (contiguous), int64 tokens and the experts'
-// gate, up and down weights in turn (routed_experts_bf16.cpp).
-torch::Tensor routed_experts_bf16(const torch::Tensor& x, const torch::Tensor& token,
-                                  const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                                  const torch::autograd::variable_list& weights);
+// routed_experts in bf16 or in fp32 on oneDNN (the run's precision), on float32 x and weight
+// (contiguous), int64 tokens and the experts' gate, up and down weights in turn
+// (routed_experts_fused.cpp).
+torch::Tensor routed_experts_fused(const torch::Tensor& x, const torch::Tensor& token,
+                                   const torch::Tensor& weight, const std::vector<int64_t>& counts,
+                                   const torch::autograd::variable_list& weights);
 
 }  // namespace minimind

@@ -1,27 +1,30 @@
-// routed_experts' node in bf16 (run.precision: bf16): the same work as the fp32 node, with
-// every product on bf16 inputs and fp32 sums (util/matmul.h) and the per-expert work written
-// on raw buffers, without ATen operations inside the experts' tasks.
+// routed_experts' node in training whose products leave ATen (bf16, or fp32 on oneDNN:
+// own_training_node): the same work as the plain node (routed_experts.cpp), with the per-expert
+// work written on raw buffers, without ATen operations inside the experts' tasks, and every
+// product on the operand type E: bf16 bits (uint16_t, fp32 sums; util/matmul.h) or float.
 //
-// Why its own node: with fine-grained experts (E = 64, top-16, width 52) the fp32 node's
-// shape of work made the bf16 step pay, per expert, a dozen ATen views and allocations and
+// Why its own node: with fine-grained experts (E = 64, top-16, width 52) the plain node's
+// shape of work made a step pay, per expert, a dozen ATen views and allocations and
 // two extra passes over [N*k, H] rows in memory: the experts' outputs kept for the routing
 // weights' gradient, and read back in the backward. Here nothing of width H is kept per
 // assignment: the routing weight's gradient gy . ys comes from the product the down
 // projection's backward computes anyway, ga = (w gy) @ W_down, as (ga . a) / w, over I
 // columns instead of H (a row whose weight is about 0 takes the direct sum).
 //
-// Precision (docs/precision.md): products take bf16 inputs and the gradient each product's
-// backward receives is rounded to bf16; the SwiGLU, the weighted sums and the routing
-// weights' gradient stay fp32. The routing weight's gradient is the one value whose rounding
-// differs from the scheme in tests/reference: it sees w gy rounded, where the scheme
-// multiplies the fp32 gy.
+// Precision (docs/precision.md): in bf16, products take bf16 inputs and the gradient each
+// product's backward receives is rounded to bf16; the SwiGLU, the weighted sums and the
+// routing weights' gradient stay fp32. The routing weight's gradient is the one value whose
+// rounding differs from the scheme in tests/reference: it sees w gy rounded, where the scheme
+// multiplies the fp32 gy. In fp32 nothing is rounded; (ga . a) / w is gy . ys to fp32's
+// rounding, not the plain node's bits.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
-#include "minimind/model/swiglu_bf16.h"
+#include "minimind/model/swiglu_fused.h"
 #include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
@@ -39,23 +42,25 @@ using torch::autograd::variable_list;
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
 
-// The gradient rows one expert's down projection receives: gy_w = bf16(gy[tok] * w), [m, H].
+// The gradient rows one expert's down projection receives: gy_w = gy[tok] * w (rounded in
+// bf16), [m, H].
+template <typename E>
 MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
                                                 const float* __restrict w,
                                                 const int64_t* __restrict tok, int64_t m, int64_t H,
-                                                uint16_t* __restrict gy_w) {
+                                                E* __restrict gy_w) {
   for (int64_t i = 0; i < m; ++i) {
     const float* g = gy + tok[i] * H;
     const float wi = w[i];
-    for (int64_t h = 0; h < H; ++h) gy_w[i * H + h] = bf16_bits(g[h] * wi);
+    for (int64_t h = 0; h < H; ++h) gy_w[i * H + h] = as_operand<E>(g[h] * wi);
   }
 }
 
 MINIMIND_NO_TRAPS_END
 
-// gy . ys for one row, ys = a @ W_down^T recomputed (a [I], W_down [H, I] as bf16 bits).
-float direct_weight_gradient(const float* gy, const uint16_t* a, const uint16_t* w_down, int64_t H,
-                             int64_t I) {
+// gy . ys for one row, ys = a @ W_down^T recomputed (a [I], W_down [H, I] as operands).
+template <typename E>
+float direct_weight_gradient(const float* gy, const E* a, const E* w_down, int64_t H, int64_t I) {
   float sum = 0;
   for (int64_t h = 0; h < H; ++h) {
     float ys = 0;
@@ -68,20 +73,23 @@ MINIMIND_NO_FMA_END
 
 // Inputs: x [N, H] and the routing weights [M] (fp32), then per expert gate_proj, up_proj and
 // down_proj weights; the tokens and counts ride along as constants. Each expert's gate and
-// up weights are one rounded [2I, H] copy, so one product gives [g | u] forward and one the
-// input gradient backward.
-struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
+// up weights are one [2I, H] operand, so one product gives [g | u] forward and one the
+// input gradient backward. T: the products' operands, bf16 bits (uint16_t) or float.
+template <typename T>
+struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
+  static constexpr Precision kPrecision =
+      std::is_same_v<T, float> ? Precision::fp32 : Precision::bf16;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
                                std::vector<int64_t> counts, at::TensorList weights_in) {
     const StepScope part(StepPart::dispatch);
-    const torch::Tensor x = to_bf16(x_in);  // [N, H]
+    const torch::Tensor x = to_operand(x_in, kPrecision);  // [N, H]
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights_in[0].size(0);
     const auto E = static_cast<int64_t>(counts.size());
-    variable_list weights(2 * E);  // per expert: [gate; up] [2I, H], down [H, I], rounded
+    variable_list weights(2 * E);  // per expert: [gate; up] [2I, H], down [H, I], as operands
     for (int64_t e = 0; e < E; ++e) {
-      weights[2 * e] = to_bf16_cat({weights_in[3 * e], weights_in[3 * e + 1]});
-      weights[2 * e + 1] = to_bf16(weights_in[3 * e + 2], /*parameter=*/true);
+      weights[2 * e] = to_operand_cat({weights_in[3 * e], weights_in[3 * e + 1]}, kPrecision);
+      weights[2 * e + 1] = to_operand(weights_in[3 * e + 2], kPrecision, /*parameter=*/true);
     }
     const std::vector<int64_t> first = row_offsets(counts);
     const auto opts = weight.options();
@@ -93,26 +101,26 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
     torch::Tensor y = serial ? torch::zeros({N, H}, opts) : torch::Tensor();   // [N, H]
     torch::Tensor ys = serial ? torch::Tensor() : torch::empty({M, H}, opts);  // [M, H]
     const int64_t* tok = token.data_ptr<int64_t>();
-    const auto* xp = static_cast<const uint16_t*>(x.data_ptr());
+    const auto* xp = static_cast<const T*>(x.data_ptr());
     const float* w = weight.data_ptr<float>();
     run_blas_tasks(
         expert_order(counts, serial),
         [&](int64_t e) {
           const int64_t off = first[e], m = counts[e];
-          auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
-          gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
+          auto* xe = scratch_of<T>(kRows, m * H);  // [m, H]
+          gather_rows(xp, H * sizeof(T), tok + off, m, xe);
           float* gu_e = gu.data_ptr<float>() + off * 2 * I;  // [m, 2I]
           in_part(StepPart::product_forward, [&] {
-            gemm_bf16_rows('N', 'T', m, 2 * I, H, xe, H,
-                           static_cast<const uint16_t*>(weights[2 * e].data_ptr()), H, gu_e, 2 * I);
+            gemm_rows('N', 'T', m, 2 * I, H, xe, H,
+                      static_cast<const T*>(weights[2 * e].data_ptr()), H, gu_e, 2 * I);
           });
-          auto* a = scratch_of<uint16_t>(kRounded, m * I);  // [m, I]
+          auto* a = scratch_of<T>(kRounded, m * I);  // [m, I]
           in_part(StepPart::activation,
                   [&] { swiglu_forward_rows(gu_e, sig.data_ptr<float>() + off * I, a, m, I); });
           float* ys_e = serial ? scratch_of<float>(kOut, m * H) : ys.data_ptr<float>() + off * H;
           in_part(StepPart::product_forward, [&] {
-            gemm_bf16_rows('N', 'T', m, H, I, a, I,
-                           static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr()), I, ys_e, H);
+            gemm_rows('N', 'T', m, H, I, a, I, static_cast<const T*>(weights[2 * e + 1].data_ptr()),
+                      I, ys_e, H);
           });
           if (serial) add_to_tokens(ys_e, w + off, tok + off, m, y.data_ptr<float>(), H);
         },
@@ -149,22 +157,22 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
     torch::Tensor gx = serial ? torch::zeros({N, H}, gy.options()) : torch::Tensor();
     torch::Tensor gxs = serial ? torch::Tensor() : torch::empty({M, H}, gy.options());
     const int64_t* tok = token.data_ptr<int64_t>();
-    const auto* xp = static_cast<const uint16_t*>(x.data_ptr());
+    const auto* xp = static_cast<const T*>(x.data_ptr());
     const float* w = weight.data_ptr<float>();
     run_blas_tasks(
         expert_order(counts, serial),
         [&](int64_t e) {
           const int64_t off = first[e], m = counts[e];
-          const auto* w_gu = static_cast<const uint16_t*>(weights[2 * e].data_ptr());
-          const auto* w_down = static_cast<const uint16_t*>(weights[2 * e + 1].data_ptr());
+          const auto* w_gu = static_cast<const T*>(weights[2 * e].data_ptr());
+          const auto* w_down = static_cast<const T*>(weights[2 * e + 1].data_ptr());
           float* g_e = grads.data_ptr<float>() + e * per_expert;
-          auto* gy_w = scratch_of<uint16_t>(kWeightedRows, m * H);  // [m, H]
+          auto* gy_w = scratch_of<T>(kWeightedRows, m * H);  // [m, H]
           weighted_gradient_rows(gy.data_ptr<float>(), w + off, tok + off, m, H, gy_w);
           auto* ga = scratch_of<float>(kGa, m * I);  // [m, I] d/da = gy_w @ W_down
           in_part(StepPart::product_grad_input,
-                  [&] { gemm_bf16_rows('N', 'N', m, I, H, gy_w, H, w_down, I, ga, I); });
-          auto* a = scratch_of<uint16_t>(kRounded, m * I);      // [m, I]
-          auto* drows = scratch_of<uint16_t>(kDgu, m * 2 * I);  // [m, 2I] = [d/dg | d/du]
+                  [&] { gemm_rows('N', 'N', m, I, H, gy_w, H, w_down, I, ga, I); });
+          auto* a = scratch_of<T>(kRounded, m * I);      // [m, I]
+          auto* drows = scratch_of<T>(kDgu, m * 2 * I);  // [m, 2I] = [d/dg | d/du]
           float* gweight_e = gweight.data_ptr<float>() + off;
           in_part(StepPart::activation, [&] {
             swiglu_backward_rows(ga, w + off, gu.data_ptr<float>() + off * 2 * I,
@@ -176,16 +184,16 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
                                                     a + i * I, w_down, H, I);
           // d/dW_down [H, I] = gy_w^T @ a.
           in_part(StepPart::product_grad_weight,
-                  [&] { gemm_bf16_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I); });
+                  [&] { gemm_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I); });
           // [d/dW_gate; d/dW_up] [2I, H] = drows^T @ x_e.
-          auto* xe = scratch_of<uint16_t>(kRows, m * H);  // [m, H]
-          gather_rows(xp, H * sizeof(uint16_t), tok + off, m, xe);
+          auto* xe = scratch_of<T>(kRows, m * H);  // [m, H]
+          gather_rows(xp, H * sizeof(T), tok + off, m, xe);
           in_part(StepPart::product_grad_weight,
-                  [&] { gemm_bf16_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H); });
+                  [&] { gemm_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H); });
           // The rows' input gradient [m, H] = drows @ [W_gate; W_up]: both uses in one sum.
           float* gx_e = serial ? scratch_of<float>(kOut, m * H) : gxs.data_ptr<float>() + off * H;
           in_part(StepPart::product_grad_input,
-                  [&] { gemm_bf16_rows('N', 'N', m, H, 2 * I, drows, 2 * I, w_gu, H, gx_e, H); });
+                  [&] { gemm_rows('N', 'N', m, H, 2 * I, drows, 2 * I, w_gu, H, gx_e, H); });
           if (serial) add_to_tokens(gx_e, nullptr, tok + off, m, gx.data_ptr<float>(), H);
         },
         side_by_side(I));
@@ -204,10 +212,12 @@ struct RoutedSwiGLUBf16 : torch::autograd::Function<RoutedSwiGLUBf16> {
 
 }  // namespace
 
-torch::Tensor routed_experts_bf16(const torch::Tensor& x, const torch::Tensor& token,
-                                  const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                                  const torch::autograd::variable_list& weights) {
-  return RoutedSwiGLUBf16::apply(x, weight, token, counts, at::TensorList(weights));
+torch::Tensor routed_experts_fused(const torch::Tensor& x, const torch::Tensor& token,
+                                   const torch::Tensor& weight, const std::vector<int64_t>& counts,
+                                   const torch::autograd::variable_list& weights) {
+  if (product_settings().precision == Precision::bf16)
+    return RoutedSwiGLUFused<uint16_t>::apply(x, weight, token, counts, at::TensorList(weights));
+  return RoutedSwiGLUFused<float>::apply(x, weight, token, counts, at::TensorList(weights));
 }
 
 }  // namespace minimind
