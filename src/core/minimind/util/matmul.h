@@ -131,6 +131,14 @@ __attribute__((always_inline)) inline E as_operand(float x) {
     return bf16_bits(x);
 }
 
+// The precision of products on E operands, and the dtype of a tensor holding them.
+template <typename E>
+constexpr Precision operand_precision =
+    std::is_same_v<E, float> ? Precision::fp32 : Precision::bf16;
+template <typename E>
+constexpr c10::ScalarType operand_dtype =
+    std::is_same_v<E, float> ? torch::kFloat32 : torch::kBFloat16;
+
 // dst[i] = bf16_bits(src[i]), i < n, on the calling thread: for a task's own buffers.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
 

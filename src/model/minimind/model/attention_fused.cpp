@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <type_traits>
 
 #include "minimind/model/attention.h"
 #include "minimind/model/vector_math.h"
@@ -298,8 +297,7 @@ struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
     const int64_t B = q.size(0), T = q.size(1), h = q.size(2), d = q.size(3), kv = k.size(2);
     const Slices sl{B, T, kv, h / kv, d};
     const int64_t rep = sl.rep, n = B * kv, M = T * rep;
-    const auto f32 = q.options(),
-               of_e = f32.dtype(std::is_same_v<E, float> ? torch::kFloat32 : torch::kBFloat16);
+    const auto f32 = q.options(), of_e = f32.dtype(operand_dtype<E>);
     // The slices' rows as operands, kept for the backward: [n, M, d], [n, T, d] x2.
     torch::Tensor qb = torch::empty({n, M, d}, of_e), kb = torch::empty({n, T, d}, of_e),
                   vb = torch::empty({n, T, d}, of_e);

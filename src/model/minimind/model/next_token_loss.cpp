@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "minimind/model/linear.h"
@@ -224,22 +223,18 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
 // (docs/benchmarks/2026-12-05-amd-bf16-loss-softmax-casts.md).
 template <typename E>
 struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
-  static constexpr Precision kPrecision =
-      std::is_same_v<E, float> ? Precision::fp32 : Precision::bf16;
+  static constexpr Precision kPrecision = operand_precision<E>;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
-    const torch::Tensor h2 = h.reshape({-1, h.size(-1)});
-    const bool bf16 = kPrecision == Precision::bf16;
-    const torch::Tensor hs = bf16 ? to_bf16(h2) : h2;                    // [B*T, H]
-    const torch::Tensor ws = bf16 ? to_bf16(w, /*parameter=*/true) : w;  // [V, H]
+    const torch::Tensor hs = to_operand(h.reshape({-1, h.size(-1)}), kPrecision);  // [B*T, H]
+    const torch::Tensor ws = to_operand(w, kPrecision, /*parameter=*/true);        // [V, H]
     const int64_t B = labels.size(0), T = labels.size(1), V = ws.size(0);
     torch::Tensor logits;  // [B*T, V]
     in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), kPrecision); });
     const LabelMask mask(labels);
     const LabelRows rows(mask.safe, mask.counted);
     torch::Tensor picked = torch::zeros({B * (T - 1), 1}, h.options());  // [B*(T-1), 1]
-    torch::Tensor unit =
-        torch::empty({B * T, V}, h.options().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
+    torch::Tensor unit = torch::empty({B * T, V}, h.options().dtype(operand_dtype<E>));
     auto* unit_rows = static_cast<E*>(unit.data_ptr());
     float* picked_at = picked.data_ptr<float>();
     float* x = logits.data_ptr<float>();

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
@@ -77,8 +76,7 @@ MINIMIND_NO_FMA_END
 // input gradient backward. T: the products' operands, bf16 bits (uint16_t) or float.
 template <typename T>
 struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
-  static constexpr Precision kPrecision =
-      std::is_same_v<T, float> ? Precision::fp32 : Precision::bf16;
+  static constexpr Precision kPrecision = operand_precision<T>;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight, const torch::Tensor& token,
                                std::vector<int64_t> counts, at::TensorList weights_in) {

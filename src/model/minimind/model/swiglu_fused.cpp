@@ -1,7 +1,6 @@
 #include "minimind/model/swiglu_fused.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
@@ -95,9 +94,7 @@ E* rows_of(const torch::Tensor& t) {
 // E: the products' operands, bf16 bits (uint16_t) or float.
 template <typename E>
 struct DenseSwiGLU : torch::autograd::Function<DenseSwiGLU<E>> {
-  static constexpr Precision kPrecision =
-      std::is_same_v<E, float> ? Precision::fp32 : Precision::bf16;
-  static constexpr auto kType = std::is_same_v<E, float> ? torch::kFloat32 : torch::kBFloat16;
+  static constexpr Precision kPrecision = operand_precision<E>;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& gate, const torch::Tensor& up,
                                const torch::Tensor& down) {
@@ -107,8 +104,8 @@ struct DenseSwiGLU : torch::autograd::Function<DenseSwiGLU<E>> {
     const int64_t N = x.size(0), I = gate.size(0);
     torch::Tensor gu;  // [N, 2I] = [g | u], kept
     in_part(StepPart::product_forward, [&] { gu = matmul(x, w_gu.t(), kPrecision); });
-    torch::Tensor sig = torch::empty({N, I}, gu.options());             // kept
-    torch::Tensor a = torch::empty({N, I}, gu.options().dtype(kType));  // [N, I]
+    torch::Tensor sig = torch::empty({N, I}, gu.options());                        // kept
+    torch::Tensor a = torch::empty({N, I}, gu.options().dtype(operand_dtype<E>));  // [N, I]
     in_part(StepPart::activation, [&] {
       run_row_blocks(N, kRowBlock, [&](int64_t r0, int64_t n) {
         swiglu_forward_rows(gu.data_ptr<float>() + r0 * 2 * I, sig.data_ptr<float>() + r0 * I,
@@ -131,7 +128,7 @@ struct DenseSwiGLU : torch::autograd::Function<DenseSwiGLU<E>> {
     const torch::Tensor gy = to_operand(grad_out[0].contiguous(), kPrecision);  // [N, H]
     torch::Tensor ga;                                                           // [N, I] d/da
     in_part(StepPart::product_grad_input, [&] { ga = matmul(gy, w_down, kPrecision); });
-    const auto of_e = gu.options().dtype(kType);
+    const auto of_e = gu.options().dtype(operand_dtype<E>);
     torch::Tensor a = torch::empty({N, I}, of_e), drows = torch::empty({N, 2 * I}, of_e);
     in_part(StepPart::activation, [&] {
       run_row_blocks(N, kRowBlock, [&](int64_t r0, int64_t n) {
