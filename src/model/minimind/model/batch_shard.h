@@ -20,6 +20,7 @@ struct BatchShard {
   int64_t rows = 0;             // B of the whole micro-batch
   int64_t tokens = 0;           // B * T of the whole micro-batch
   int64_t targets = 0;          // labels the LM loss counts (labels[:, 1:] != -100), all rows
+  int64_t real_tokens = 0;      // tokens that are not padding (input_ids != 0), all rows
   // In place: the sum of `t` over the shards (each shard calls it), then `then` once.
   void sum(torch::Tensor& t, const std::function<void(torch::Tensor&)>& then = {}) const {
     group->sum(index, t, then);

@@ -377,9 +377,9 @@ MoEOutput MOEFeedForwardImpl::forward(const torch::Tensor& x, const torch::Tenso
     if (real.defined()) margin = margin.masked_select(real);  // [n]
     const double sum = margin.sum().item<double>();
     const double small = (margin < kSmallMargin).sum().item<double>();
-    torch::Tensor n = torch::full({1}, static_cast<double>(margin.numel()), torch::kFloat64);
-    if (shard) shard->sum(n);  // the micro-batch's real tokens
-    const double total = n.item<double>();
+    // The micro-batch's real tokens: counted before the shards split it, so that this
+    // statistic needs no meeting of the shards in every layer.
+    const auto total = static_cast<double>(shard ? shard->real_tokens : margin.numel());
     st.stats.margin = total > 0 ? sum / total : 0.0;
     st.stats.margin_small = total > 0 ? small / total : 0.0;
   }

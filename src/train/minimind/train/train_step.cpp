@@ -200,6 +200,7 @@ class ShardedMicroBatches {
     const int64_t B = batch.input_ids.size(0), T = batch.input_ids.size(1);
     TORCH_CHECK(B >= n, "a micro-batch of ", B, " rows cannot make ", n, " shards");
     const int64_t targets = (batch.labels.narrow(1, 1, T - 1) != -100).sum().item<int64_t>();
+    const int64_t real_tokens = (batch.input_ids != 0).sum().item<int64_t>();
     struct Part {
       ForwardOutput out;
       std::vector<torch::Tensor> grads, balance;
@@ -209,7 +210,7 @@ class ShardedMicroBatches {
     std::vector<Part> parts(static_cast<size_t>(n));
     run_side_by_side(n, group_, [&](int i) {
       const int64_t r0 = B * i / n, rows = B * (i + 1) / n - r0;
-      const BatchShard shard{i, &group_, B, B * T, targets};
+      const BatchShard shard{i, &group_, B, B * T, targets, real_tokens};
       Part& p = parts[static_cast<size_t>(i)];
       const Stopwatch clock;
       ForwardOptions fo;
