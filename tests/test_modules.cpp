@@ -116,6 +116,35 @@ TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
   }
 }
 
+// fp32 training on oneDNN takes the same one-pass forward (float rounding of the formula,
+// as bf16's); fp32 on OpenBLAS keeps the formula's ATen ops, PyTorch's numbers bit for bit.
+TEST(RMSNorm, Fp32OnOneDnnTakesTheOnePassForwardAndOpenBlasTheFormula) {
+  torch::manual_seed(11);
+  for (const auto backend : {MatmulBackend::onednn, MatmulBackend::openblas}) {
+    const ComputeScope plan(test::test_plan(Precision::fp32, backend, 2));
+    for (const int64_t H : {256, 32, 37}) {
+      SCOPED_TRACE("H " + std::to_string(H) +
+                   (backend == MatmulBackend::onednn ? " onednn" : " openblas"));
+      const torch::Tensor x0 = 3 * torch::randn({4, 50, H}), w0 = 1 + 0.1 * torch::randn({H});
+      const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+      const torch::Tensor want = w0 * (x0 * torch::rsqrt(x0.pow(2).mean(-1, true) + 1e-5));
+      const torch::Tensor got = rms_norm(x, w, 1e-5, /*rounded_copy=*/true);
+      EXPECT_NE(got.grad_fn()->name().find("FusedRMSNorm"), std::string::npos);
+      if (backend == MatmulBackend::openblas) {
+        EXPECT_TRUE(torch::equal(got, want));
+        continue;
+      }
+      EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
+          << "max |difference| " << (got - want).abs().max().item<float>();
+      EXPECT_FALSE(torch::equal(got, want)) << "the one-pass forward did not run";
+      const AddNormed two = add_rms_norm(x0.clone().requires_grad_(), torch::zeros_like(x0), w,
+                                         1e-5, /*rounded_copy=*/true, /*grad_copy=*/true);
+      EXPECT_TRUE(torch::allclose(two.normed, want, 1e-6, 1e-6));
+      EXPECT_FALSE(torch::equal(two.normed, want)) << "the one-pass forward did not run";
+    }
+  }
+}
+
 // The residual add folded into the norm's node against the two apart (s = a + b, then
 // rms_norm(s)), in float32, float64 and bf16 training's one-pass forward: the sum, the norm
 // and all three gradients bit for bit, when both outputs flow on and when only one does.

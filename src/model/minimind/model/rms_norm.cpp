@@ -64,10 +64,10 @@ MINIMIND_CPU_CLONES void rms_norm_backward_rows(const T* __restrict x, const T* 
   }
 }
 
-// bf16 training's forward, one pass per row of H: with b, x = x + b first (written to s);
-// r = 1 / sqrt(sum(x^2) / H + eps), y = w * (x * r) (the formula's order; the sum in
-// dot_lanes' order where ATen's mean has its own), and with yb, y rounded to bf16 for the
-// products that read it.
+// The forward of training outside ATen (bf16, fp32 on oneDNN), one pass per row of H:
+// with b, x = x + b first (written to s); r = 1 / sqrt(sum(x^2) / H + eps), y = w * (x * r)
+// (the formula's order; the sum in dot_lanes' order where ATen's mean has its own), and
+// with yb, y rounded to bf16 for the products that read it.
 MINIMIND_NO_TRAPS_BEGIN
 MINIMIND_CPU_CLONES void rms_norm_rows(const float* __restrict x, const float* __restrict b,
                                        const float* __restrict w, float eps, float* __restrict s,
@@ -92,12 +92,12 @@ MINIMIND_CPU_CLONES void rms_norm_rows(const float* __restrict x, const float* _
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
 
-// Rows per task of bf16 training's forward: 64 rows of 512 floats are 128 KB.
+// Rows per task of the one-pass forward: 64 rows of 512 floats are 128 KB.
 constexpr int64_t kNormRowBlock = 64;
 
 // The node's two halves, shared by the plain norm and the residual add folded into it.
 // norm_forward: y = rms_norm(b ? x + b : x) and its saved tensors; s is the sum (x itself
-// without b). own_forward: bf16 training's one-pass forward (float32 only); with
+// without b). own_forward: the one-pass forward of training outside ATen (float32 only); with
 // rounded_copy it also hands to_bf16 the output's bf16 copy (remember_bf16).
 struct NormForward {
   torch::Tensor s, y, r;
@@ -235,8 +235,9 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const StepScope part(StepPart::norm);
   if (!node_takes(x, weight, x.requires_grad() || weight.requires_grad()))
     return plain_rms_norm(x, weight, eps);
-  const bool own = x.scalar_type() == torch::kFloat32 && bf16_training_node(x);
-  return FusedRMSNorm::apply(x, weight, eps, own, own && rounded_copy);
+  // Training outside ATen takes the one-pass forward; only bf16 keeps a rounded copy.
+  const bool own = x.scalar_type() == torch::kFloat32 && own_training_node(x);
+  return FusedRMSNorm::apply(x, weight, eps, own, rounded_copy && bf16_training_node(x));
 }
 
 AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
@@ -249,9 +250,10 @@ AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const tor
     return {s, rms_norm(s, weight, eps, rounded_copy)};
   }
   const StepScope part(StepPart::norm);
-  const bool own = a.scalar_type() == torch::kFloat32 && bf16_training_node(a);
+  const bool own = a.scalar_type() == torch::kFloat32 && own_training_node(a);
+  const bool bf16 = bf16_training_node(a);
   variable_list out =
-      FusedAddRMSNorm::apply(a, b, weight, eps, own, own && rounded_copy, own && grad_copy);
+      FusedAddRMSNorm::apply(a, b, weight, eps, own, bf16 && rounded_copy, bf16 && grad_copy);
   return {out[0], out[1]};
 }
 

@@ -13,9 +13,10 @@ namespace minimind {
 // rsqrt, two products and their backwards, 17 calls per forward of the model). The
 // gradients agree with autograd's to float rounding (tested); the weight's gradient is
 // summed over rows in double. Other dtypes take the plain formula through autograd.
-// In bf16 training (bf16_training_node) the forward is one pass of its own instead, within
-// float rounding of the formula's; with rounded_copy, where the output feeds bf16 products,
-// that pass also rounds it to bf16 and hands the copy to to_bf16 (remember_bf16).
+// In training whose products leave ATen (own_training_node: bf16, or fp32 on oneDNN) the
+// forward is one pass of its own instead, within float rounding of the formula's (fp32 on
+// OpenBLAS keeps the formula's bits); in bf16 with rounded_copy, where the output feeds bf16
+// products, that pass also rounds it to bf16 and hands the copy to to_bf16 (remember_bf16).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        bool rounded_copy = false);
 
