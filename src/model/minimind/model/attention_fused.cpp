@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "minimind/model/attention.h"
 #include "minimind/model/vector_math.h"
@@ -64,6 +65,13 @@ constexpr int kGroup = 4;
 inline bool whole_group(int64_t r, int64_t r1, int64_t rep, int64_t end) {
   return r + kGroup <= r1 && padded((r + kGroup - 1) / rep + 1, end) == padded(r / rep + 1, end);
 }
+
+// In fp32 the softmax and its gradient replace the scores and dp in place, and the products
+// read them there: a copy of a float is the float. That keeps a block's buffers in the
+// core's cache (four [rows, end] float buffers did not fit). In bf16 they go to buffers of
+// rounded copies (sb, pb, dsb), which the fp32 calls leave untouched.
+template <typename E>
+constexpr bool kInPlace = std::is_same_v<E, float>;
 
 // Rows r .. r + G - 1 of softmax_rows, all running to the same n.
 template <int G, typename E>
@@ -116,9 +124,14 @@ __attribute__((always_inline)) inline void softmax_group(float* __restrict s, E*
   }
   for (int g = 0; g < G; ++g) {
     const float inv = 1.0f / sum[g];
-    E* brow = sb + (row[g] - s);
-    for (int64_t j = 0; j < n; ++j) brow[j] = as_operand<E>(row[g][j] * inv);
-    for (int64_t j = seen[g]; j < end; ++j) brow[j] = 0;
+    if constexpr (kInPlace<E>) {
+      for (int64_t j = 0; j < n; ++j) row[g][j] = row[g][j] * inv;
+      for (int64_t j = seen[g]; j < end; ++j) row[g][j] = 0;
+    } else {
+      E* brow = sb + (row[g] - s);
+      for (int64_t j = 0; j < n; ++j) brow[j] = as_operand<E>(row[g][j] * inv);
+      for (int64_t j = seen[g]; j < end; ++j) brow[j] = 0;
+    }
     stats[2 * (r + g - r0)] = mx[g], stats[2 * (r + g - r0) + 1] = inv;
   }
 }
@@ -145,9 +158,8 @@ MINIMIND_CPU_CLONES void softmax_rows(float* __restrict s, E* __restrict sb, int
 // Rows r .. r + G - 1 of softmax_backward_rows, all running to the same n.
 template <int G, typename E>
 __attribute__((always_inline)) inline void softmax_backward_group(
-    float* __restrict s, E* __restrict pb, const float* __restrict dp, E* __restrict dsb,
-    int64_t ld, int64_t r0, int64_t r, int64_t rep, int64_t end, float scale,
-    const float* __restrict stats) {
+    float* __restrict s, E* __restrict pb, float* __restrict dp, E* __restrict dsb, int64_t ld,
+    int64_t r0, int64_t r, int64_t rep, int64_t end, float scale, const float* __restrict stats) {
   static const LaneInts kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   static_assert(kLanes == 16, "kIota lists the lanes");
   float* p[G];
@@ -179,14 +191,21 @@ __attribute__((always_inline)) inline void softmax_backward_group(
     }
     for (int64_t l = 0; l < kLanes; ++l) dot[g] += lanes[g][l];
   }
-  // pb = p rounded; ds = p * (dp - dot) / scale rounded, 0 after `seen`.
+  // pb = p rounded; ds = p * (dp - dot) / scale rounded, 0 after `seen` (in fp32: p stays
+  // in s, ds replaces dp).
   for (int g = 0; g < G; ++g) {
-    const float* dp_g = dp + (p[g] - s);
-    E *pb_g = pb + (p[g] - s), *ds_g = dsb + (p[g] - s);
+    float* dp_g = dp + (p[g] - s);
     for (int64_t j = n; j < end; ++j) p[g][j] = 0.0f;
-    for (int64_t j = 0; j < end; ++j) pb_g[j] = as_operand<E>(p[g][j]);
-    for (int64_t j = 0; j < n; ++j) ds_g[j] = as_operand<E>((p[g][j] * (dp_g[j] - dot[g])) / scale);
-    for (int64_t j = seen[g]; j < end; ++j) ds_g[j] = 0;
+    if constexpr (kInPlace<E>) {
+      for (int64_t j = 0; j < n; ++j) dp_g[j] = (p[g][j] * (dp_g[j] - dot[g])) / scale;
+      for (int64_t j = seen[g]; j < end; ++j) dp_g[j] = 0;
+    } else {
+      E *pb_g = pb + (p[g] - s), *ds_g = dsb + (p[g] - s);
+      for (int64_t j = 0; j < end; ++j) pb_g[j] = as_operand<E>(p[g][j]);
+      for (int64_t j = 0; j < n; ++j)
+        ds_g[j] = as_operand<E>((p[g][j] * (dp_g[j] - dot[g])) / scale);
+      for (int64_t j = seen[g]; j < end; ++j) ds_g[j] = 0;
+    }
   }
 }
 
@@ -197,10 +216,9 @@ __attribute__((always_inline)) inline void softmax_backward_group(
 // backward, then the division's) rounded into dsb; 0 over the keys a row does not see.
 template <typename E>
 MINIMIND_CPU_CLONES void softmax_backward_rows(float* __restrict s, E* __restrict pb,
-                                               const float* __restrict dp, E* __restrict dsb,
-                                               int64_t ld, int64_t r0, int64_t r1, int64_t rep,
-                                               int64_t end, float scale,
-                                               const float* __restrict stats) {
+                                               float* __restrict dp, E* __restrict dsb, int64_t ld,
+                                               int64_t r0, int64_t r1, int64_t rep, int64_t end,
+                                               float scale, const float* __restrict stats) {
   for (int64_t r = r0; r < r1;) {
     if (whole_group(r, r1, rep, end)) {
       softmax_backward_group<kGroup, E>(s, pb, dp, dsb, ld, r0, r, rep, end, scale, stats);
@@ -244,6 +262,16 @@ struct BlockBuffers {
   Scratch<float> s, dp, part, rows;
   Scratch<E> sb, dsb, go;
 };
+
+// Where the products read a block's softmax (or its gradient) from: the float buffer f
+// itself in fp32 (kInPlace), else the buffer of rounded copies.
+template <typename E>
+E* operand_rows(float* f, Scratch<E>& copies, int64_t n) {
+  if constexpr (kInPlace<E>)
+    return f;
+  else
+    return copies.get(n);
+}
 template <typename E>
 thread_local BlockBuffers<E> buffers;
 
@@ -312,9 +340,9 @@ struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
       sl.kv_rows(i, v.data_ptr<float>(), v_i);
       float* st_i = stats.data_ptr<float>() + i * M * 2;
       BlockBuffers<E>& b = buffers<E>;
-      float* s = b.s.get(block * rep * T);     // [rows, end]
-      E* sb = b.sb.get(block * rep * T);       // [rows, end]
-      float* o = b.rows.get(block * rep * d);  // [rows, d]
+      float* s = b.s.get(block * rep * T);             // [rows, end]
+      E* sb = operand_rows(s, b.sb, block * rep * T);  // [rows, end]
+      float* o = b.rows.get(block * rep * d);          // [rows, d]
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
         gemm_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
@@ -348,13 +376,13 @@ struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
               *v_i = operands<E>(vb) + i * T * d;
       const float* st_i = stats.data_ptr<float>() + i * M * 2;
       BlockBuffers<E>& b = buffers<E>;
-      float* s = b.s.get(block * rep * T);      // [rows, end]
-      float* dp = b.dp.get(block * rep * T);    // [rows, end]
-      float* part = b.part.get(T * d);          // [end, d]
-      float* dq = b.rows.get(block * rep * d);  // [rows, d]
-      E* pb = b.sb.get(block * rep * T);        // [rows, end]
-      E* dsb = b.dsb.get(block * rep * T);      // [rows, end]
-      E* go_i = b.go.get(M * d);                // [M, d] the slice's rows
+      float* s = b.s.get(block * rep * T);                // [rows, end]
+      float* dp = b.dp.get(block * rep * T);              // [rows, end]
+      float* part = b.part.get(T * d);                    // [end, d]
+      float* dq = b.rows.get(block * rep * d);            // [rows, d]
+      E* pb = operand_rows(s, b.sb, block * rep * T);     // [rows, end]
+      E* dsb = operand_rows(dp, b.dsb, block * rep * T);  // [rows, end]
+      E* go_i = b.go.get(M * d);                          // [M, d] the slice's rows
       sl.q_rows(i, go.data_ptr<float>(), go_i);
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
