@@ -235,10 +235,18 @@ class ShardedMicroBatches {
       for (const Part& p : parts) probe->add(p.balance, &p == &parts[0] ? p.balance_seconds : 0);
     // Each parameter's gradient: the shards' in shard order, then onto .grad.
     run_blas_tasks(order_, [&](int64_t j) {
+      // The first shard's gradient takes the others' in place when only it holds its
+      // buffer (the same sums as out of place, without writing a new [params] buffer).
       torch::Tensor sum;
-      for (const Part& p : parts) {
-        const torch::Tensor& g = p.grads[static_cast<size_t>(j)];
-        if (g.defined()) sum = sum.defined() ? sum + g : g;
+      for (Part& p : parts) {
+        torch::Tensor& g = p.grads[static_cast<size_t>(j)];
+        if (!g.defined()) continue;
+        if (!sum.defined())
+          sum = std::move(g);
+        else if (sum.use_count() == 1 && sum.is_contiguous())
+          sum.add_(g);
+        else
+          sum = sum + g;
       }
       if (!sum.defined()) return;
       torch::Tensor& grad = params_[static_cast<size_t>(j)].mutable_grad();
