@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -147,7 +148,8 @@ int main(int argc, char** argv) {
   app.add_option("--breakdown", breakdown,
                  "after the measured steps, profile N more and print where their time goes: "
                  "each part's exclusive time (products, attention, norms, ..., autograd, "
-                 "allocation), their mean over the N steps (docs/performance.md)")
+                 "allocation), their mean over the N steps; then each of their products "
+                 "timed again alone, and the MFU that speed allows (docs/performance.md)")
       ->expected(0, 1)
       ->default_str("3")
       ->check(minimind_app::integer_in(1, 1000));
@@ -276,18 +278,26 @@ int main(int argc, char** argv) {
       }
     }
     // --breakdown: more steps, each profiled (the profiler slows a step: it is shown apart).
+    // Then every product of those steps again, each shape alone on one core.
     std::optional<StepBreakdown> parts;
+    std::optional<ProductsAlone> alone;
     if (breakdown > 0) {
       std::vector<StepBreakdown> each;
-      for (int s = 0; s < breakdown; ++s) {
-        StepRecorder recorder;
-        {
-          const StepScope whole(StepPart::step);
-          train_step();
+      std::map<ProductShape, int64_t> products;
+      {
+        const ProductLog log;
+        for (int s = 0; s < breakdown; ++s) {
+          StepRecorder recorder;
+          {
+            const StepScope whole(StepPart::step);
+            train_step();
+          }
+          each.push_back(break_down_step(recorder.finish(), n_threads));
         }
-        each.push_back(break_down_step(recorder.finish(), n_threads));
+        products = log.counts();
       }
       parts = mean_breakdown(each);
+      if (!products.empty()) alone = time_products_alone(products, breakdown, *parts);
     }
     const double step = median(total);
     const double tok_s = B * T / step;
@@ -299,6 +309,15 @@ int main(int argc, char** argv) {
     const double mfu_fp32 = model_gflops / (fp32.gflops * n_threads);
     const double mfu_openblas = model_gflops / (openblas.gflops * n_threads);
     const double mfu_bf16 = model_gflops / (bf16.gflops * n_threads);
+    // What the products' lone speed allows: the model's FLOPs over the products' lone core
+    // time (the rest of the step free), and the profiled step with its product rows at
+    // their lone time.
+    double mfu_ceiling = 0, mfu_lone = 0;
+    if (alone && alone->alone_ms() > 0) {
+      const double model_gflop_step = flops_per_token(cfg.model, T).total() * B * T / 1e9;
+      mfu_ceiling = model_gflop_step / (alone->alone_ms() * n_threads / 1e3) / peak.gflops;
+      mfu_lone = mfu * parts->step_ms / alone->step_ms_at_lone_speed(*parts);
+    }
     std::vector<double> rates;
     for (double t : total) rates.push_back(B * T / t);
     const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
@@ -350,6 +369,9 @@ int main(int argc, char** argv) {
                           {"blas_core", blas_core_name()},
                           {"allocator", allocator_name()}};
       if (parts) j["breakdown"] = breakdown_json(*parts);
+      if (alone)
+        j["products_alone"] = products_alone_json(*alone), j["mfu_ceiling"] = mfu_ceiling,
+        j["mfu_at_lone_speed"] = mfu_lone;
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(
@@ -367,6 +389,17 @@ int main(int argc, char** argv) {
                          "unprofiled median {:.1f} ms):\n",
                          breakdown, 1e3 * step)
                   << format_breakdown(*parts);
+      if (alone)
+        std::cout << fmt::format(
+                         "\nThe products alone (each product of those steps timed again by "
+                         "itself on one core: same kernel, shape and part, operands in cache; "
+                         "per step, core time / {} cores):\n",
+                         n_threads)
+                  << format_products_alone(*alone, peak.gflops)
+                  << fmt::format(
+                         "MFU at the products' lone speed: {:.1f}% were everything else free, "
+                         "{:.1f}% with the rest of the step as profiled.\n",
+                         100 * mfu_ceiling, 100 * mfu_lone);
     }
     return 0;
   });

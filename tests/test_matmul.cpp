@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "minimind/error.h"
@@ -73,6 +74,52 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
     }
   }
   force_bf16_gemm_fallback(false);
+}
+
+// minimind-bench --breakdown's products alone: the log counts what each core ran, by shape
+// and part, one log at a time, and nothing once it is gone.
+TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(name_of(p));
+    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, 2));
+    // [300, 40] outputs: split by rows when OpenBLAS gives the products two cores.
+    const int64_t cores = std::max(1, blas_threads()), rows = 300 / cores;
+    const torch::Tensor a = torch::randn({300, 64}), b = torch::randn({64, 40}),
+                        w = torch::randn({40, 64});
+    std::map<ProductShape, int64_t> counts;
+    {
+      const ProductLog log;
+      EXPECT_THROW(ProductLog(), c10::Error);
+      matmul(a, b, p);
+      matmul(a, b, p);
+      in_part(StepPart::attention, [&] { matmul(a, w.t(), p); });
+      counts = log.counts();
+    }
+    matmul(a, b, p);  // no log: not counted (the next log starts empty)
+    // w.t() is read in place in fp32 ('T'); bf16 rounds it into a packed copy.
+    const char tb = p == Precision::fp32 ? 'T' : 'N';
+    const std::map<ProductShape, int64_t> want = {
+        {{StepPart::step, p, 'N', 'N', rows, 40, 64}, 2 * cores},
+        {{StepPart::attention, p, 'N', tb, rows, 40, 64}, cores}};
+    EXPECT_TRUE(counts == want);
+    const ProductLog again;
+    EXPECT_TRUE(again.counts().empty());
+  }
+}
+
+TEST(Matmul, TimesAProductAloneOnOneCore) {
+  const int threads_before = blas_threads();
+  for (const Precision p : {Precision::fp32, Precision::bf16}) {
+    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, 2));
+    ProductShape shape{StepPart::product_forward, p, 'N', 'T', 96, 48, 32};
+    EXPECT_DOUBLE_EQ(shape.flops(), 2.0 * 96 * 48 * 32);
+    const double seconds = time_product_alone(shape);
+    EXPECT_GT(seconds, 0);
+    EXPECT_TRUE(std::isfinite(seconds));
+    shape.k = 0;  // no sums: nothing to time
+    EXPECT_EQ(time_product_alone(shape), 0);
+  }
+  EXPECT_EQ(blas_threads(), threads_before);  // one core while timing, then as before
 }
 
 TEST(Matmul, BatchedProductsAgreeWithAFloat64Product) {

@@ -1,18 +1,23 @@
-// minimind-bench --breakdown: how a profiled step's time is split into parts.
+// minimind-bench --breakdown: how a profiled step's time is split into parts, and its
+// products set beside their lone speed.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <map>
 #include <string>
 
+#include "minimind/compute_plan.h"
+#include "minimind/flops.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/train/bench.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/step_breakdown.h"
 #include "minimind/train/train_step.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/matmul.h"
 #include "minimind/util/step_part.h"
 #include "minimind/util/stopwatch.h"
+#include "support/test_support.h"
 
 namespace minimind {
 namespace {
@@ -121,6 +126,92 @@ TEST(StepBreakdown, RecordsATrainingStep) {
     EXPECT_GT(r[part], 0) << part;
   // The parts cover the step: ops in none and time between ops are a small remainder.
   EXPECT_LT(r["other ops"] + r["between ops"], 0.3 * b.step_ms);
+}
+
+// The products alone: shapes to the breakdown's rows, counts per step, and the step with its
+// product rows at their lone time.
+TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  StepBreakdown b;
+  b.step_ms = 100, b.cores = 2;
+  b.rows = {{"products forward", 30},
+            {"products backward, by input", 20},
+            {"products backward, by weight", 25},
+            {"attention", 10},
+            {"other ops", 15}};
+  const ProductShape fwd{StepPart::product_forward, Precision::fp32, 'N', 'T', 64, 32, 16};
+  const ProductShape att{StepPart::attention, Precision::fp32, 'N', 'N', 16, 8, 32};
+  const ProductsAlone p = time_products_alone({{fwd, 6}, {att, 2}}, 2, b);
+  ASSERT_EQ(p.rows.size(), 4u);  // no product ran elsewhere: no such row
+  EXPECT_EQ(p.cores, 2);
+  EXPECT_EQ(p.rows[0].step_ms, 30);
+  EXPECT_EQ(p.rows[1].step_ms, 20);
+  EXPECT_EQ(p.rows[2].step_ms, 25);
+  EXPECT_LT(p.rows[3].step_ms, 0);  // the attention row holds more than its products
+  EXPECT_DOUBLE_EQ(p.rows[0].gflop, 3 * fwd.flops() / 1e9);  // 6 over 2 steps
+  EXPECT_DOUBLE_EQ(p.rows[3].gflop, att.flops() / 1e9);
+  EXPECT_GT(p.rows[0].alone_ms, 0);
+  EXPECT_EQ(p.rows[1].alone_ms, 0);
+  EXPECT_GT(p.rows[3].alone_ms, 0);
+  EXPECT_DOUBLE_EQ(p.alone_ms(), p.rows[0].alone_ms + p.rows[3].alone_ms);
+  EXPECT_DOUBLE_EQ(p.gflop(), p.rows[0].gflop + p.rows[3].gflop);
+  // Each product row at its lone time (the attention row stays): 100 - (30 - t) - 20 - 25.
+  EXPECT_DOUBLE_EQ(p.step_ms_at_lone_speed(b), 25 + p.rows[0].alone_ms);
+  const nlohmann::json j = products_alone_json(p);
+  EXPECT_EQ(j["rows"].size(), 4u);
+  EXPECT_TRUE(j["rows"][3]["step_ms"].is_null());
+  EXPECT_THROW(time_products_alone({{fwd, 1}}, 0, b), std::invalid_argument);
+}
+
+// Every product of a training step reaches the log once: the products' FLOPs are the model's
+// FLOPs (flops.h) less attention's. Attention's own: the causal blocks skip what the mask
+// hides, and the backward forms the scores again (7 products where the formula counts 6).
+TEST(ProductsAlone, TheLogSeesEveryProductOfATrainingStep) {
+  for (const Precision prec : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(name_of(prec));
+    const ComputeScope compute(test::test_plan(prec, MatmulBackend::onednn));
+    const Config cfg = bench_config("moe-top2", {"model.num_hidden_layers=2"});
+    torch::manual_seed(0);
+    MiniMindForCausalLM model(cfg.model);
+    init_weights(model);
+    model->train();
+    auto opt = make_optimizer(model->parameters(), cfg.train);
+    const int64_t B = 2, T = 64;
+    const torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
+    StepOptions so;
+    so.lr = cfg.train.learning_rate, so.grad_clip = cfg.train.grad_clip;
+    std::map<ProductShape, int64_t> counts;
+    {
+      const ProductLog log;
+      optimizer_step(
+          model, *opt,
+          [&] {
+            return Batch{ids, ids};
+          },
+          so);
+      counts = log.counts();
+    }
+    std::map<StepPart, double> flops;
+    for (const auto& [shape, n] : counts) {
+      // The router's gate stays fp32 in bf16 training (docs/precision.md): E columns.
+      const int64_t E = cfg.model.num_experts;
+      if (shape.m != E && shape.n != E && shape.k != E) {
+        EXPECT_EQ(shape.precision, prec);
+      }
+      flops[shape.part] += shape.flops() * static_cast<double>(n);
+    }
+    const FlopsPerToken f = flops_per_token(cfg.model, T);
+    const double tokens = B * T;
+    EXPECT_NEAR(flops[StepPart::product_forward] + flops[StepPart::product_grad_input] +
+                    flops[StepPart::product_grad_weight],
+                (f.total() - f.attention_scores) * tokens, 1e-9 * f.total() * tokens);
+    EXPECT_NEAR(flops[StepPart::product_forward] * 2,
+                flops[StepPart::product_grad_input] + flops[StepPart::product_grad_weight],
+                1e-9 * f.total() * tokens);
+    EXPECT_GT(flops[StepPart::attention], 0.5 * f.attention_scores * tokens);
+    EXPECT_LE(flops[StepPart::attention], 7.0 / 6 * f.attention_scores * tokens);
+    EXPECT_EQ(flops.size(), 4u);  // no product outside these parts
+  }
 }
 
 }  // namespace

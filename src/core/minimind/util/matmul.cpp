@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -32,6 +33,22 @@ MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __
 namespace {
 
 ProductSettings g_settings;  // set at start-up, before the first product
+
+// ProductLog's counts: one at a time, kept here so that a kernel never sees a freed log.
+struct ProductCounts {
+  std::mutex mutex;
+  std::map<ProductShape, int64_t> counts;
+};
+ProductCounts g_product_counts;
+std::atomic<bool> g_logging_products{false};
+
+// Counts one product a kernel runs, when a ProductLog lives.
+void count_product(Precision precision, char ta, char tb, int64_t m, int64_t n, int64_t k) {
+  if (!g_logging_products.load(std::memory_order_relaxed)) return;
+  const ProductShape shape{current_step_part(), precision, ta, tb, m, n, k};
+  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
+  ++g_product_counts.counts[shape];
+}
 
 // A 2-D operand as a row-major GEMM sees it: 'N' (rows at stride ld) or 'T' (the
 // transpose of a row-major [cols, rows] matrix with row stride ld).
@@ -90,6 +107,7 @@ void split_output(int64_t M, int64_t N,
 void sgemm_onednn(const Layout& la, const float* A, const Layout& lb, const float* B, float* C,
                   int64_t ldc, int64_t M, int64_t N, int64_t K) {
   split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    count_product(Precision::fp32, la.trans, lb.trans, m1 - m0, n1 - n0, K);
     const dnnl_status_t status =
         dnnl_sgemm(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0), la.ld,
                    B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
@@ -344,6 +362,7 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
   }
   const Layout la{ta, lda}, lb{tb, ldb};
   split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    count_product(Precision::bf16, ta, tb, m1 - m0, n1 - n0, K);
     const dnnl_status_t status =
         dnnl_gemm_bf16bf16f32(ta, tb, m1 - m0, n1 - n0, K, 1.0f, a + row_offset(la, m0), lda,
                               b + col_offset(lb, n0), ldb, 0.0f, c + m0 * ldc + n0, ldc);
@@ -471,6 +490,46 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
   torch::Tensor c = torch::empty({n, a.size(1), b.size(2)}, a.options().dtype(type));
   run_blas_tasks(n, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], precision); });
   return c;
+}
+
+ProductLog::ProductLog() {
+  TORCH_CHECK(!g_logging_products.exchange(true), "ProductLog: one at a time");
+  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
+  g_product_counts.counts.clear();
+}
+
+ProductLog::~ProductLog() {
+  g_logging_products = false;
+}
+
+std::map<ProductShape, int64_t> ProductLog::counts() const {
+  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
+  return g_product_counts.counts;
+}
+
+double time_product_alone(const ProductShape& s) {
+  if (s.m == 0 || s.n == 0 || s.k == 0) return 0;
+  const OneBlasThread one_thread;  // split_output keeps the product on this core
+  // op(a) [m, k] and op(b) [k, n] stored packed: row-major [m, k] for 'N', [k, m] for 'T'.
+  const int64_t lda = s.ta == 'N' ? s.k : s.m, ldb = s.tb == 'N' ? s.n : s.k;
+  std::vector<float> c(static_cast<size_t>(s.m * s.n));
+  std::function<void()> product;
+  std::vector<uint16_t> a16, b16;
+  std::vector<float> a32, b32;
+  if (s.precision == Precision::bf16) {  // values whose products stay normal numbers
+    a16.assign(static_cast<size_t>(s.m * s.k), bf16_bits(0.5f));
+    b16.assign(static_cast<size_t>(s.k * s.n), bf16_bits(0.25f));
+    product = [&] {
+      gemm_bf16_rows(s.ta, s.tb, s.m, s.n, s.k, a16.data(), lda, b16.data(), ldb, c.data(), s.n);
+    };
+  } else {
+    a32.assign(static_cast<size_t>(s.m * s.k), 0.5f);
+    b32.assign(static_cast<size_t>(s.k * s.n), 0.25f);
+    product = [&] {
+      gemm_f32_rows(s.ta, s.tb, s.m, s.n, s.k, a32.data(), lda, b32.data(), ldb, c.data(), s.n);
+    };
+  }
+  return s.flops() / (product_gflops(product, s.m, s.n, s.k, 5) * 1e9);
 }
 
 }  // namespace minimind

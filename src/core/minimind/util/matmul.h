@@ -18,12 +18,15 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "minimind/choices.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/step_part.h"
 
 namespace minimind {
 
@@ -151,5 +154,38 @@ void force_bf16_gemm_fallback(bool on);
 
 // Whether products in `precision` of float32 tensors leave ATen's own ops (OpenBLAS).
 bool products_leave_aten(Precision precision);
+
+// ---- The products some work ran, by shape: minimind-bench --breakdown times each again
+// alone to show how far a step's products are from their own speed. Only the oneDNN
+// products above are seen (fp32 on OpenBLAS runs inside ATen).
+
+// One product as a core ran it: the part of the step it ran in (util/step_part.h), its
+// kernel's precision, and op(a) [m, k] @ op(b) [k, n] with trans ta, tb as gemm_rows takes
+// them. A product split over the cores is one shape per core's part.
+struct ProductShape {
+  StepPart part = StepPart::step;
+  Precision precision = Precision::fp32;
+  char ta = 'N', tb = 'N';
+  int64_t m = 0, n = 0, k = 0;
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  auto key() const { return std::tie(part, precision, ta, tb, m, n, k); }
+  bool operator<(const ProductShape& o) const { return key() < o.key(); }
+  bool operator==(const ProductShape& o) const { return key() == o.key(); }
+};
+
+// While one lives, every product the kernels run is counted by shape, from any thread.
+// One at a time.
+class ProductLog {
+ public:
+  ProductLog();
+  ~ProductLog();
+  ProductLog(const ProductLog&) = delete;
+  ProductLog& operator=(const ProductLog&) = delete;
+  std::map<ProductShape, int64_t> counts() const;
+};
+
+// Seconds one product of `shape` takes alone on the calling thread's core, its operands
+// packed and in cache (the best of a few runs after a first): what its kernel can do.
+double time_product_alone(const ProductShape& shape);
 
 }  // namespace minimind

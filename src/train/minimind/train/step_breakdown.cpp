@@ -248,4 +248,85 @@ nlohmann::json breakdown_json(const StepBreakdown& b) {
   return {{"step_ms", b.step_ms}, {"cores", b.cores}, {"ms", rows}};
 }
 
+double ProductsAlone::alone_ms() const {
+  double sum = 0;
+  for (const Row& r : rows) sum += r.alone_ms;
+  return sum;
+}
+
+double ProductsAlone::gflop() const {
+  double sum = 0;
+  for (const Row& r : rows) sum += r.gflop;
+  return sum;
+}
+
+double ProductsAlone::step_ms_at_lone_speed(const StepBreakdown& b) const {
+  double saved = 0;
+  for (const Row& r : rows)
+    if (r.step_ms >= 0) saved += r.step_ms - r.alone_ms;
+  return b.step_ms - saved;
+}
+
+ProductsAlone time_products_alone(const std::map<ProductShape, int64_t>& counts, int steps,
+                                  const StepBreakdown& b) {
+  if (steps < 1) throw std::invalid_argument("time_products_alone: steps >= 1");
+  ProductsAlone p;
+  p.cores = b.cores;
+  auto step_row = [&](const char* name) {
+    for (const auto& [row, ms] : b.rows)
+      if (row == name) return ms;
+    return -1.0;
+  };
+  // The breakdown's product rows, attention's products (its row also holds the softmax),
+  // and products in any other part.
+  p.rows = {{"forward", step_row(kRowNames[static_cast<size_t>(StepPart::product_forward)])},
+            {"backward, by input",
+             step_row(kRowNames[static_cast<size_t>(StepPart::product_grad_input)])},
+            {"backward, by weight",
+             step_row(kRowNames[static_cast<size_t>(StepPart::product_grad_weight)])},
+            {"attention's (in its row)", -1},
+            {"elsewhere", -1}};
+  for (const auto& [shape, n] : counts) {
+    const size_t row = shape.part == StepPart::product_forward       ? 0
+                       : shape.part == StepPart::product_grad_input  ? 1
+                       : shape.part == StepPart::product_grad_weight ? 2
+                       : shape.part == StepPart::attention           ? 3
+                                                                     : 4;
+    const double per_step = static_cast<double>(n) / steps;
+    p.rows[row].alone_ms += 1e3 * time_product_alone(shape) * per_step / p.cores;
+    p.rows[row].gflop += shape.flops() * per_step / 1e9;
+  }
+  if (p.rows.back().gflop == 0) p.rows.pop_back();
+  return p;
+}
+
+std::string format_products_alone(const ProductsAlone& p, double peak_gflops) {
+  auto per_core = [&](double gflop, double ms) {
+    return ms > 0 ? gflop / (ms * p.cores / 1e3) : 0;
+  };
+  std::string out =
+      "| products | in the step, ms | alone, ms | alone, GFLOP/s per core | of the peak |\n"
+      "|---|---:|---:|---:|---:|\n";
+  for (const auto& r : p.rows) {
+    const double rate = per_core(r.gflop, r.alone_ms);
+    out += fmt::format("| {} | {} | {:.2f} | {:.0f} | {:.1f} % |\n", r.name,
+                       r.step_ms >= 0 ? fmt::format("{:.2f}", r.step_ms) : std::string("-"),
+                       r.alone_ms, rate, 100 * rate / peak_gflops);
+  }
+  const double rate = per_core(p.gflop(), p.alone_ms());
+  out += fmt::format("| **all** | | {:.2f} | {:.0f} | {:.1f} % |\n", p.alone_ms(), rate,
+                     100 * rate / peak_gflops);
+  return out;
+}
+
+nlohmann::json products_alone_json(const ProductsAlone& p) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : p.rows)
+    rows.push_back({{"name", r.name},
+                    {"step_ms", r.step_ms >= 0 ? nlohmann::json(r.step_ms) : nlohmann::json()},
+                    {"alone_ms", r.alone_ms},
+                    {"gflop", r.gflop}});
+  return {{"cores", p.cores}, {"alone_ms", p.alone_ms()}, {"gflop", p.gflop()}, {"rows", rows}};
+}
+
 }  // namespace minimind

@@ -17,10 +17,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "minimind/util/matmul.h"
 
 namespace minimind {
 
@@ -65,5 +68,33 @@ class StepRecorder {
 // A Markdown table: row, ms, share of the step.
 std::string format_breakdown(const StepBreakdown& b);
 nlohmann::json breakdown_json(const StepBreakdown& b);
+
+// The step's products beside their own speed: every product a ProductLog counted over
+// `steps` profiled steps, each shape timed again alone on one core (time_product_alone),
+// per step and as core time / cores like the breakdown's rows. The gap between a row and its
+// lone time is what the products lose inside the step (operands out of cache, the other
+// core's traffic); the lone time over all rows bounds the step's MFU from above.
+struct ProductsAlone {
+  struct Row {
+    std::string name;
+    double step_ms = -1;  // the breakdown's row; < 0 where that row holds more (attention)
+    double alone_ms = 0;
+    double gflop = 0;  // per step
+  };
+  std::vector<Row> rows;  // forward, by input, by weight, attention's, any others
+  int cores = 1;
+  double alone_ms() const;
+  double gflop() const;
+  // The breakdown's step had its three product rows taken their lone time.
+  double step_ms_at_lone_speed(const StepBreakdown& b) const;
+};
+
+ProductsAlone time_products_alone(const std::map<ProductShape, int64_t>& counts, int steps,
+                                  const StepBreakdown& b);
+
+// A Markdown table: each row in the step and alone, its GFLOP/s per core alone and that as
+// a share of `peak_gflops` (one core's).
+std::string format_products_alone(const ProductsAlone& p, double peak_gflops);
+nlohmann::json products_alone_json(const ProductsAlone& p);
 
 }  // namespace minimind
