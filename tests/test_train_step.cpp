@@ -403,6 +403,49 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
       two_shards));
 }
 
+// The routing margin's mean runs over the micro-batch's real tokens (input id != 0), which
+// the shards count once before they split it: padding spread unevenly over the shards gives
+// the whole micro-batch's margin, not a mean of the shards' own means.
+TEST(ShardedMicroBatch, RoutingMarginCountsTheWholeMicroBatchsRealTokens) {
+  Config cfg = load_config_string(
+      "model: {hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4,\n"
+      "        num_key_value_heads: 2, vocab_size: 256, max_position_embeddings: 64,\n"
+      "        use_moe: true, num_experts: 4, num_experts_per_tok: 2}\n"
+      "data: {max_seq_len: 16}\n",
+      "shards");
+  validate_and_resolve(cfg);
+  torch::manual_seed(5);
+  torch::Tensor rows = torch::randint(3, 256, {4, 17}, torch::kLong);  // [4, 17]
+  // Rows 0-1 (the first shard) padded from position 4, rows 2-3 not at all.
+  rows.narrow(0, 0, 2).narrow(1, 4, 13).fill_(0);
+  torch::Tensor labels = rows.masked_fill(rows == 0, -100);
+  auto margins = [&](int shards) {
+    auto [model, opt] = seeded_model(cfg, torch::kFloat64);
+    StepOptions so;
+    so.lr = 1e-3, so.shards = shards;
+    const StepStats s = optimizer_step(
+        model, *opt,
+        [&] {
+          return Batch{rows, labels};
+        },
+        so);
+    std::vector<std::pair<double, double>> out;
+    for (const LayerStats& l : s.layers) {
+      EXPECT_TRUE(l.margin && l.margin_small);
+      out.emplace_back(l.margin.value_or(-1), l.margin_small.value_or(-1));
+    }
+    return out;
+  };
+  const auto whole = margins(1), sharded = margins(2);
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(sharded.size(), 2u);
+  for (size_t l = 0; l < 2; ++l) {
+    EXPECT_GT(whole[l].first, 0.0);
+    EXPECT_NEAR(sharded[l].first, whole[l].first, 1e-12) << "layer " << l;
+    EXPECT_NEAR(sharded[l].second, whole[l].second, 1e-12) << "layer " << l;
+  }
+}
+
 // Accumulation is exact in exact arithmetic; the test runs in float64 so that float32
 // rounding (which AdamW's first step amplifies for gradients near its eps = 1e-8: a
 // gradient of 1e-9 +- 1e-10 moves its weight by lr * 1e-2) does not hide a real error.
