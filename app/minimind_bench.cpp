@@ -389,6 +389,8 @@ int main(int argc, char** argv) {
                          "unprofiled median {:.1f} ms):\n",
                          breakdown, 1e3 * step)
                   << format_breakdown(*parts);
+      if (parts && !alone)
+        std::cout << "\nThe products ran inside ATen (fp32 on OpenBLAS): not timed alone.\n";
       if (alone)
         std::cout << fmt::format(
                          "\nThe products alone (each product of those steps timed again by "

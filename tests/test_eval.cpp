@@ -643,6 +643,38 @@ TEST(Commands, StdoutCarriesOnlyData) {
   EXPECT_GT(fs::file_size(dir + "/trace.json"), 0u);
 }
 
+// --breakdown's products alone: with oneDNN running the fp32 products, every product of
+// the profiled step is timed again (each has its two backward products: the three rows'
+// FLOPs agree) and the MFU it allows is printed; fp32 on OpenBLAS has none to time.
+TEST(Commands, BreakdownTimesTheProductsAlone) {
+  const std::string dir = test::temp_dir("alone");
+  auto bench = [&](const std::string& library) {
+    const std::string cmd =
+        std::string(MINIMIND_BENCH_BIN) +
+        " --json --preset moe-top1 --precision fp32 --set run.matmul=" + library +
+        " --steps 1 --warmup 0 --breakdown 1 > " + dir + "/b.json 2>/dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return nlohmann::json::parse(test::read_text(dir + "/b.json"));
+  };
+  const nlohmann::json onednn = bench("onednn");
+  ASSERT_TRUE(onednn.contains("products_alone")) << onednn.dump();
+  const nlohmann::json& rows = onednn["products_alone"]["rows"];
+  ASSERT_GE(rows.size(), 4u);
+  EXPECT_EQ(rows[0]["name"], "forward");
+  EXPECT_EQ(rows[3]["name"], "attention's (in its row)");
+  const double forward = rows[0]["gflop"];
+  EXPECT_GT(forward, 0);
+  EXPECT_NEAR(rows[1]["gflop"].get<double>(), forward, 1e-9 * forward);
+  EXPECT_NEAR(rows[2]["gflop"].get<double>(), forward, 1e-9 * forward);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_GT(rows[r]["alone_ms"].get<double>(), 0) << r;
+    EXPECT_TRUE(rows[r]["step_ms"].is_number()) << r;
+  }
+  EXPECT_GT(onednn["mfu_ceiling"].get<double>(), onednn["mfu"].get<double>());
+  EXPECT_GT(onednn["mfu_at_lone_speed"].get<double>(), 0);
+  EXPECT_FALSE(bench("openblas").contains("products_alone"));
+}
+
 // The programs link tcmalloc; this test program does not, so it sees glibc's malloc, which
 // shows that allocator_name() tells the two apart (unless tcmalloc is preloaded here too).
 TEST(Allocator, ProgramsRunOnTcmalloc) {
