@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "minimind/compute_plan.h"
@@ -84,18 +86,19 @@ TEST(StepBreakdown, ExclusiveTimesGoToTheirParts) {
   EXPECT_THROW(break_down_step({span("aten::mm", 1, 0, 1)}, 1), std::runtime_error);
 }
 
-// A real MoE step, recorded: the rows add up to the step, and the parts the model marks show.
-TEST(StepBreakdown, RecordsATrainingStep) {
-  const Config cfg = bench_config("moe-top1", {"model.num_hidden_layers=2"});
+// A model of the bench config `preset` with two layers, and one optimizer step of it on
+// random ids [2, T] each call.
+std::function<void()> two_layer_step(const std::string& preset, int64_t T = 64) {
+  const Config cfg = bench_config(preset, {"model.num_hidden_layers=2"});
   torch::manual_seed(0);
   MiniMindForCausalLM model(cfg.model);
   init_weights(model);
   model->train();
-  auto opt = make_optimizer(model->parameters(), cfg.train);
-  const torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {2, 64}, torch::kLong);
+  std::shared_ptr<torch::optim::AdamW> opt = make_optimizer(model->parameters(), cfg.train);
+  const torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {2, T}, torch::kLong);
   StepOptions so;
   so.lr = cfg.train.learning_rate, so.grad_clip = cfg.train.grad_clip;
-  auto step = [&] {
+  return [model, opt, ids, so]() mutable {
     optimizer_step(
         model, *opt,
         [&] {
@@ -103,6 +106,11 @@ TEST(StepBreakdown, RecordsATrainingStep) {
         },
         so);
   };
+}
+
+// A real MoE step, recorded: the rows add up to the step, and the parts the model marks show.
+TEST(StepBreakdown, RecordsATrainingStep) {
+  auto step = two_layer_step("moe-top1");
   step();  // warm-up
   StepRecorder recorder;
   const Stopwatch clock;
@@ -171,24 +179,12 @@ TEST(ProductsAlone, TheLogSeesEveryProductOfATrainingStep) {
     SCOPED_TRACE(name_of(prec));
     const ComputeScope compute(test::test_plan(prec, MatmulBackend::onednn));
     const Config cfg = bench_config("moe-top2", {"model.num_hidden_layers=2"});
-    torch::manual_seed(0);
-    MiniMindForCausalLM model(cfg.model);
-    init_weights(model);
-    model->train();
-    auto opt = make_optimizer(model->parameters(), cfg.train);
     const int64_t B = 2, T = 64;
-    const torch::Tensor ids = torch::randint(3, cfg.model.vocab_size, {B, T}, torch::kLong);
-    StepOptions so;
-    so.lr = cfg.train.learning_rate, so.grad_clip = cfg.train.grad_clip;
+    auto step = two_layer_step("moe-top2", T);
     std::map<ProductShape, int64_t> counts;
     {
       const ProductLog log;
-      optimizer_step(
-          model, *opt,
-          [&] {
-            return Batch{ids, ids};
-          },
-          so);
+      step();
       counts = log.counts();
     }
     std::map<StepPart, double> flops;

@@ -20,7 +20,6 @@
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul_peak.h"
 #include "minimind/util/step_part.h"
-#include "minimind/util/stopwatch.h"
 
 namespace minimind {
 
@@ -532,15 +531,8 @@ double time_product_alone(const ProductShape& s) {
   }
   // The best of five runs after a first; of one for a product of more than 20 ms (the real
   // sizes' products, whose time hardly varies, and which would take minutes).
-  Stopwatch first;
-  product();
-  double best = first.seconds();
-  for (int r = 0, reps = best > 0.02 ? 1 : 5; r < reps; ++r) {
-    const Stopwatch clock;
-    product();
-    best = std::min(best, clock.seconds());
-  }
-  return best;
+  const double first = best_seconds(product, 1);
+  return std::min(first, best_seconds(product, first > 0.02 ? 1 : 5));
 }
 
 }  // namespace minimind

@@ -59,15 +59,20 @@ void onednn_sgemm(int64_t M, int64_t N, int64_t K, const float* A, const float* 
   TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
 }
 
-double product_gflops(const std::function<void()>& product, int64_t M, int64_t N, int64_t K,
-                      int reps) {
-  product();
+double best_seconds(const std::function<void()>& work, int reps) {
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const Stopwatch clock;
-    product();
+    work();
     best = std::min(best, clock.seconds());
   }
+  return best;
+}
+
+double product_gflops(const std::function<void()>& product, int64_t M, int64_t N, int64_t K,
+                      int reps) {
+  product();
+  const double best = best_seconds(product, reps);
   return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) / best /
          1e9;
 }

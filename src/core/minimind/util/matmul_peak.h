@@ -39,6 +39,9 @@ struct MatmulPeak {
 // About a second.
 std::vector<MatmulPeak> measure_matmul_peaks();
 
+// The shortest of `reps` runs of `work`, in seconds (no warm-up of its own).
+double best_seconds(const std::function<void()>& work, int reps);
+
 // GFLOP/s of an [M, K] x [K, N] product: the best of `reps` runs after one warm-up.
 double product_gflops(const std::function<void()>& product, int64_t M, int64_t N, int64_t K,
                       int reps = 3);
