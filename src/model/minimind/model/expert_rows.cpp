@@ -42,7 +42,10 @@ template <typename T>
 MINIMIND_CPU_CLONES void add_rows_to_tokens(const T* __restrict src, const T* __restrict w,
                                             const int64_t* __restrict tok, int64_t m,
                                             T* __restrict out, int64_t H) {
-  for (int64_t i = 0; i < m; ++i) add_row(out + tok[i] * H, src + i * H, w ? w + i : nullptr, H);
+  for (int64_t i = 0; i < m; ++i) {
+    if (i + kPrefetchRows < m) prefetch_row(out + tok[i + kPrefetchRows] * H, H * sizeof(T));
+    add_row(out + tok[i] * H, src + i * H, w ? w + i : nullptr, H);
+  }
 }
 MINIMIND_NO_FMA_END
 
@@ -126,9 +129,12 @@ torch::Tensor scratch(Slot slot, int64_t rows, int64_t cols, torch::ScalarType t
 void gather_rows(const void* src, size_t row_bytes, const int64_t* tok, int64_t m, void* dst) {
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
-  for (int64_t i = 0; i < m; ++i)
+  for (int64_t i = 0; i < m; ++i) {
+    if (i + kPrefetchRows < m)
+      prefetch_row(s + static_cast<size_t>(tok[i + kPrefetchRows]) * row_bytes, row_bytes);
     std::memcpy(d + static_cast<size_t>(i) * row_bytes, s + static_cast<size_t>(tok[i]) * row_bytes,
                 row_bytes);
+  }
 }
 
 void gather_rows(const torch::Tensor& src, const int64_t* tok, torch::Tensor& dst) {

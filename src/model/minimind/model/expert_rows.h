@@ -35,6 +35,16 @@ void add_to_tokens(const torch::Tensor& src, const torch::Tensor& w, int64_t off
 void add_to_tokens(const float* src, const float* w, const int64_t* tok, int64_t m, float* out,
                    int64_t H);
 
+// Asks the cache for the row of `bytes` at p, a few rows before a loop over scattered token
+// rows reads it: the rows sit in no order the hardware's prefetcher can follow, and a step
+// of the fine-grained experts moves each token's row k times (gather, scatter, gradients).
+inline void prefetch_row(const void* p, size_t bytes) {
+  const auto* c = static_cast<const char*>(p);
+  for (size_t at = 0; at < bytes; at += 64) __builtin_prefetch(c + at);
+}
+// How many rows ahead the loops ask for.
+constexpr int64_t kPrefetchRows = 4;
+
 // A buffer this thread keeps for its next experts (an expert's gathered rows and
 // temporaries: ATen's allocations for them were a large part of a small expert's time).
 // One per slot, 64-byte aligned; valid until the thread's next use of the slot.

@@ -49,6 +49,7 @@ MINIMIND_CPU_CLONES void weighted_gradient_rows(const float* __restrict gy,
                                                 const int64_t* __restrict tok, int64_t m, int64_t H,
                                                 E* __restrict gy_w) {
   for (int64_t i = 0; i < m; ++i) {
+    if (i + kPrefetchRows < m) prefetch_row(gy + tok[i + kPrefetchRows] * H, H * sizeof(float));
     const float* g = gy + tok[i] * H;
     const float wi = w[i];
     for (int64_t h = 0; h < H; ++h) gy_w[i * H + h] = as_operand<E>(g[h] * wi);
