@@ -511,28 +511,33 @@ TEST(MoE, FixedRouterDispatchWeightsCountsAndAuxLoss) {
   EXPECT_TRUE(torch::equal(moe(x, real).stats.counts, torch::tensor({2, 2, 1, 1}, torch::kLong)));
 }
 
-// A generated token (one row, eval) takes the direct path: its k experts in ascending order,
-// no sort or scatter. It must give what the batched dispatch gives that token inside a batch.
-// top_values (the routing margin's top k + 1) against torch::topk's values, bitwise: random
-// scores, scores with ties (rounded to a few levels), k from 1 to E, 4 and 64 experts, and
-// a NaN (torch::topk's own answer).
-TEST(MoE, TopValuesEqualTorchTopkValues) {
+// routing_margins against torch::topk's k-th minus (k+1)-th values, bitwise: random scores,
+// scores with ties (rounded to a few levels, so that top-k's choice among equal values is
+// its own), k from 1 to E - 1, 4 and 64 experts, the chosen columns as top-k gives them
+// (unsorted, as the router asks); and a NaN (torch::topk's own answer).
+TEST(MoE, RoutingMarginsEqualTorchTopks) {
   torch::manual_seed(13);
   for (const int64_t E : {int64_t{4}, int64_t{64}}) {
     const torch::Tensor random = torch::softmax(torch::randn({300, E}), -1);
     const torch::Tensor tied = (torch::rand({300, E}) * 4).round() / 4;  // many equal values
     for (const torch::Tensor& x : {random, tied})
-      for (const int64_t k : {int64_t{1}, int64_t{2}, E / 4 + 1, E}) {
-        const torch::Tensor want = std::get<0>(torch::topk(x, k, -1));
-        EXPECT_TRUE(torch::equal(top_values(x, k), want)) << "E " << E << " k " << k;
+      for (const int64_t k : {int64_t{1}, int64_t{2}, E / 4 + 1, E - 1}) {
+        const torch::Tensor top = std::get<0>(torch::topk(x, k + 1, -1));  // [N, k+1]
+        const torch::Tensor want = top.select(1, k - 1) - top.select(1, k);
+        const torch::Tensor index = std::get<1>(torch::topk(x, k, -1, true, false));
+        EXPECT_TRUE(torch::equal(routing_margins(x, index), want)) << "E " << E << " k " << k;
       }
+    EXPECT_GT((tied.narrow(1, 0, 2) == tied.narrow(1, 2, 2)).sum().item<int64_t>(), 0);
   }
   torch::Tensor nan = torch::rand({5, 8});
   nan[2][3] = NAN;
-  const torch::Tensor got = top_values(nan, 3), want = std::get<0>(torch::topk(nan, 3, -1));
-  EXPECT_TRUE(torch::allclose(got, want, 0, 0, /*equal_nan=*/true));
+  const torch::Tensor top = std::get<0>(torch::topk(nan, 4, -1));
+  const torch::Tensor got = routing_margins(nan, std::get<1>(torch::topk(nan, 3, -1)));
+  EXPECT_TRUE(torch::allclose(got, top.select(1, 2) - top.select(1, 3), 0, 0, /*equal_nan=*/true));
 }
 
+// A generated token (one row, eval) takes the direct path: its k experts in ascending order,
+// no sort or scatter. It must give what the batched dispatch gives that token inside a batch.
 TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
   torch::manual_seed(11);
   ModelConfig cfg;

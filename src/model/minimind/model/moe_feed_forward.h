@@ -121,8 +121,9 @@ class MOEFeedForwardImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MOEFeedForward);
 
-// torch::topk(x, k, -1)'s values (sorted, largest first) for x [N, E]: one set of numbers
-// whatever order ties come in, found by counting (the routing margin's statistic).
-torch::Tensor top_values(const torch::Tensor& x, int64_t k);
+// The routing margin of each row of x [N, E], float32: its k-th largest value minus its
+// (k+1)-th, found from index [N, k], the columns top-k chose (the k largest, ties in any
+// order) -> [N]. Bit for bit torch::topk(x, k + 1)'s two values subtracted.
+torch::Tensor routing_margins(const torch::Tensor& x, const torch::Tensor& index);
 
 }  // namespace minimind
