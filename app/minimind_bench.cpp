@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
     std::optional<ProductsAlone> alone;
     if (breakdown > 0) {
       std::vector<StepBreakdown> each;
-      std::map<ProductShape, int64_t> products;
+      std::map<ProductShape, ProductTally> products;
       {
         const ProductLog log;
         for (int s = 0; s < breakdown; ++s) {
@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
           }
           each.push_back(break_down_step(recorder.finish(), n_threads));
         }
-        products = log.counts();
+        products = log.tallies();
       }
       parts = mean_breakdown(each);
       if (!products.empty()) alone = time_products_alone(products, breakdown, *parts);
@@ -401,7 +401,13 @@ int main(int argc, char** argv) {
                   << fmt::format(
                          "MFU at the products' lone speed: {:.1f}% were everything else free, "
                          "{:.1f}% with the rest of the step as profiled.\n",
-                         100 * mfu_ceiling, 100 * mfu_lone);
+                         100 * mfu_ceiling, 100 * mfu_lone)
+                  << fmt::format(
+                         "\nThe products that lose the most in the step, by family (alike but "
+                         "for the tokens' dimension; each call timed in the kernel on its core, "
+                         "in the step and alone; lost: ms a step, core time / {} cores):\n",
+                         n_threads)
+                  << format_product_families(*alone, 8);
     }
     return 0;
   });

@@ -670,6 +670,19 @@ TEST(Commands, BreakdownTimesTheProductsAlone) {
     EXPECT_GT(rows[r]["alone_ms"].get<double>(), 0) << r;
     EXPECT_TRUE(rows[r]["step_ms"].is_number()) << r;
   }
+  // The families hold every product: their lone times add up to the rows'; the step's
+  // kernel times are positive, and the largest loss comes first.
+  const nlohmann::json& families = onednn["products_alone"]["families"];
+  ASSERT_GE(families.size(), 4u);
+  double alone = 0;
+  for (const auto& f : families) {
+    alone += f["alone_ms"].get<double>();
+    EXPECT_GT(f["step_ms"].get<double>(), 0) << f.dump();
+    EXPECT_GT(f["per_step"].get<double>(), 0) << f.dump();
+    EXPECT_LE(f["lost_ms"].get<double>(), families[0]["lost_ms"].get<double>()) << f.dump();
+  }
+  const double rows_alone = onednn["products_alone"]["alone_ms"];
+  EXPECT_NEAR(alone, rows_alone, 1e-9 * rows_alone);
   EXPECT_GT(onednn["mfu_ceiling"].get<double>(), onednn["mfu"].get<double>());
   EXPECT_GT(onednn["mfu_at_lone_speed"].get<double>(), 0);
   EXPECT_FALSE(bench("openblas").contains("products_alone"));

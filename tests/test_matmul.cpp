@@ -15,6 +15,7 @@
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/stopwatch.h"
 #include "support/test_support.h"
 
 namespace minimind {
@@ -87,14 +88,27 @@ TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
     const torch::Tensor a = torch::randn({300, 64}), b = torch::randn({64, 40}),
                         w = torch::randn({40, 64});
     std::map<ProductShape, int64_t> counts;
+    std::map<ProductShape, ProductTally> tallies;
+    double wall = 0;
     {
       const ProductLog log;
       EXPECT_THROW(ProductLog(), c10::Error);
+      const Stopwatch clock;
       matmul(a, b, p);
       matmul(a, b, p);
       in_part(StepPart::attention, [&] { matmul(a, w.t(), p); });
+      wall = clock.seconds();
       counts = log.counts();
+      tallies = log.tallies();
     }
+    // Each shape's calls timed in the kernel: some time, no more than the cores had.
+    double seconds = 0;
+    for (const auto& [shape, t] : tallies) {
+      EXPECT_EQ(t.count, counts[shape]);
+      EXPECT_GT(t.seconds, 0);
+      seconds += t.seconds;
+    }
+    EXPECT_LE(seconds, wall * cores);
     matmul(a, b, p);  // no log: not counted (the next log starts empty)
     // w.t() is read in place in fp32 ('T'); bf16 rounds it into a packed copy.
     const char tb = p == Precision::fp32 ? 'T' : 'N';

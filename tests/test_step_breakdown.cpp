@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -149,7 +151,7 @@ TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
             {"other ops", 15}};
   const ProductShape fwd{StepPart::product_forward, Precision::fp32, 'N', 'T', 64, 32, 16};
   const ProductShape att{StepPart::attention, Precision::fp32, 'N', 'N', 16, 8, 32};
-  const ProductsAlone p = time_products_alone({{fwd, 6}, {att, 2}}, 2, b);
+  const ProductsAlone p = time_products_alone({{fwd, {6, 0.03}}, {att, {2, 0.001}}}, 2, b);
   ASSERT_EQ(p.rows.size(), 4u);  // no product ran elsewhere: no such row
   EXPECT_EQ(p.cores, 2);
   EXPECT_EQ(p.rows[0].step_ms, 30);
@@ -168,7 +170,67 @@ TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
   const nlohmann::json j = products_alone_json(p);
   EXPECT_EQ(j["rows"].size(), 4u);
   EXPECT_TRUE(j["rows"][3]["step_ms"].is_null());
-  EXPECT_THROW(time_products_alone({{fwd, 1}}, 0, b), std::invalid_argument);
+  EXPECT_THROW(time_products_alone({{fwd, {1, 0.01}}}, 0, b), std::invalid_argument);
+}
+
+// The families: shapes alike but for the tokens' dimension (m forward and by input, k by
+// weight; any in attention's blocks) are one, with each dimension's range, their calls and
+// times per step (core time / cores), most time lost first.
+TEST(ProductsAlone, FamiliesJoinShapesThatDifferInTheirTokens) {
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  StepBreakdown b;
+  b.step_ms = 100, b.cores = 2;
+  b.rows = {{"products forward", 30},
+            {"products backward, by input", 20},
+            {"products backward, by weight", 25}};
+  const Precision f32 = Precision::fp32;
+  const ProductShape fwd_a{StepPart::product_forward, f32, 'N', 'T', 40, 32, 16},
+      fwd_b{StepPart::product_forward, f32, 'N', 'T', 24, 32, 16},
+      fwd_other{StepPart::product_forward, f32, 'N', 'T', 40, 16, 32},
+      wgt_a{StepPart::product_grad_weight, f32, 'T', 'N', 32, 16, 40},
+      wgt_b{StepPart::product_grad_weight, f32, 'T', 'N', 32, 16, 24},
+      att_a{StepPart::attention, f32, 'N', 'T', 16, 8, 32},
+      att_b{StepPart::attention, f32, 'N', 'T', 32, 16, 32};
+  // Four steps; the first forward family's calls take long in the step: it loses the most.
+  const ProductsAlone p = time_products_alone({{fwd_a, {8, 0.4}},
+                                               {fwd_b, {4, 0.2}},
+                                               {fwd_other, {4, 1e-6}},
+                                               {wgt_a, {4, 0.004}},
+                                               {wgt_b, {4, 0.004}},
+                                               {att_a, {8, 1e-6}},
+                                               {att_b, {8, 1e-6}}},
+                                              4, b);
+  ASSERT_EQ(p.families.size(), 4u);
+  const ProductsAlone::Family& f = p.families[0];
+  EXPECT_EQ(f.row, "forward");
+  EXPECT_EQ(f.m, (std::array<int64_t, 2>{24, 40}));
+  EXPECT_EQ(f.n, (std::array<int64_t, 2>{32, 32}));
+  EXPECT_EQ(f.k, (std::array<int64_t, 2>{16, 16}));
+  EXPECT_DOUBLE_EQ(f.per_step, 3);                 // 12 calls over 4 steps
+  EXPECT_DOUBLE_EQ(f.step_ms, 1e3 * 0.6 / 4 / 2);  // their seconds a step / cores
+  EXPECT_GT(f.alone_ms, 0);
+  EXPECT_DOUBLE_EQ(f.lost_ms(), f.step_ms - f.alone_ms);
+  for (size_t i = 1; i < p.families.size(); ++i)
+    EXPECT_GE(p.families[i - 1].lost_ms(), p.families[i].lost_ms());
+  double alone = 0;
+  for (const auto& fam : p.families) {
+    alone += fam.alone_ms;
+    if (fam.row == "backward, by weight") {
+      EXPECT_EQ(fam.k, (std::array<int64_t, 2>{24, 40}));
+      EXPECT_DOUBLE_EQ(fam.per_step, 2);
+    }
+    if (fam.row == "attention's (in its row)") {
+      EXPECT_EQ(fam.m, (std::array<int64_t, 2>{16, 32}));
+      EXPECT_EQ(fam.n, (std::array<int64_t, 2>{8, 16}));
+      EXPECT_DOUBLE_EQ(fam.per_step, 4);
+    }
+  }
+  EXPECT_NEAR(alone, p.alone_ms(), 1e-9 * alone);  // the families hold every product
+  const std::string table = format_product_families(p, 2);
+  EXPECT_NE(table.find("| forward (fp32) | [24-40, 16] @ [16, 32]^T | 3.0 |"), std::string::npos)
+      << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 4);  // header, rule, two rows
+  EXPECT_EQ(products_alone_json(p)["families"].size(), 4u);
 }
 
 // Every product of a training step reaches the log once: the products' FLOPs are the model's
@@ -182,11 +244,18 @@ TEST(ProductsAlone, TheLogSeesEveryProductOfATrainingStep) {
     const int64_t B = 2, T = 64;
     auto step = two_layer_step("moe-top2", T);
     std::map<ProductShape, int64_t> counts;
+    double kernel_seconds = 0, wall = 0;
     {
       const ProductLog log;
+      const Stopwatch clock;
       step();
+      wall = clock.seconds();
       counts = log.counts();
+      for (const auto& [shape, t] : log.tallies()) kernel_seconds += t.seconds;
     }
+    // The kernels' time: part of the step, no more than the cores had.
+    EXPECT_GT(kernel_seconds, 0);
+    EXPECT_LE(kernel_seconds, wall * std::max(1, blas_threads()));
     std::map<StepPart, double> flops;
     for (const auto& [shape, n] : counts) {
       // The router's gate stays fp32 in bf16 training (docs/precision.md): E columns.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -34,20 +35,28 @@ namespace {
 
 ProductSettings g_settings;  // set at start-up, before the first product
 
-// ProductLog's counts: one at a time, kept here so that a kernel never sees a freed log.
-struct ProductCounts {
+// ProductLog's tallies: one at a time, kept here so that a kernel never sees a freed log.
+struct ProductTallies {
   std::mutex mutex;
-  std::map<ProductShape, int64_t> counts;
+  std::map<ProductShape, ProductTally> tallies;
 };
-ProductCounts g_product_counts;
+ProductTallies g_product_tallies;
 std::atomic<bool> g_logging_products{false};
 
-// Counts one product a kernel runs, when a ProductLog lives.
-void count_product(Precision precision, char ta, char tb, int64_t m, int64_t n, int64_t k) {
-  if (!g_logging_products.load(std::memory_order_relaxed)) return;
+// Runs one product a kernel computes, run() -> its status, counted and timed when a
+// ProductLog lives.
+template <typename Run>
+dnnl_status_t logged_product(Precision precision, char ta, char tb, int64_t m, int64_t n, int64_t k,
+                             Run&& run) {
+  if (!g_logging_products.load(std::memory_order_relaxed)) return run();
+  const auto start = std::chrono::steady_clock::now();
+  const dnnl_status_t status = run();
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   const ProductShape shape{current_step_part(), precision, ta, tb, m, n, k};
-  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
-  ++g_product_counts.counts[shape];
+  const std::lock_guard<std::mutex> lock(g_product_tallies.mutex);
+  ProductTally& t = g_product_tallies.tallies[shape];
+  ++t.count, t.seconds += took.count();
+  return status;
 }
 
 // A 2-D operand as a row-major GEMM sees it: 'N' (rows at stride ld) or 'T' (the
@@ -107,10 +116,11 @@ void split_output(int64_t M, int64_t N,
 void sgemm_onednn(const Layout& la, const float* A, const Layout& lb, const float* B, float* C,
                   int64_t ldc, int64_t M, int64_t N, int64_t K) {
   split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    count_product(Precision::fp32, la.trans, lb.trans, m1 - m0, n1 - n0, K);
     const dnnl_status_t status =
-        dnnl_sgemm(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0), la.ld,
-                   B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
+        logged_product(Precision::fp32, la.trans, lb.trans, m1 - m0, n1 - n0, K, [&] {
+          return dnnl_sgemm(la.trans, lb.trans, m1 - m0, n1 - n0, K, 1.0f, A + row_offset(la, m0),
+                            la.ld, B + col_offset(lb, n0), lb.ld, 0.0f, C + m0 * ldc + n0, ldc);
+        });
     TORCH_CHECK(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
   });
 }
@@ -362,10 +372,10 @@ void gemm_bf16_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const uin
   }
   const Layout la{ta, lda}, lb{tb, ldb};
   split_output(M, N, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    count_product(Precision::bf16, ta, tb, m1 - m0, n1 - n0, K);
-    const dnnl_status_t status =
-        dnnl_gemm_bf16bf16f32(ta, tb, m1 - m0, n1 - n0, K, 1.0f, a + row_offset(la, m0), lda,
-                              b + col_offset(lb, n0), ldb, 0.0f, c + m0 * ldc + n0, ldc);
+    const dnnl_status_t status = logged_product(Precision::bf16, ta, tb, m1 - m0, n1 - n0, K, [&] {
+      return dnnl_gemm_bf16bf16f32(ta, tb, m1 - m0, n1 - n0, K, 1.0f, a + row_offset(la, m0), lda,
+                                   b + col_offset(lb, n0), ldb, 0.0f, c + m0 * ldc + n0, ldc);
+    });
     TORCH_CHECK(status == dnnl_success, "dnnl_gemm_bf16bf16f32 failed with status ",
                 static_cast<int>(status));
   });
@@ -494,17 +504,23 @@ torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Pre
 
 ProductLog::ProductLog() {
   TORCH_CHECK(!g_logging_products.exchange(true), "ProductLog: one at a time");
-  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
-  g_product_counts.counts.clear();
+  const std::lock_guard<std::mutex> lock(g_product_tallies.mutex);
+  g_product_tallies.tallies.clear();
 }
 
 ProductLog::~ProductLog() {
   g_logging_products = false;
 }
 
+std::map<ProductShape, ProductTally> ProductLog::tallies() const {
+  const std::lock_guard<std::mutex> lock(g_product_tallies.mutex);
+  return g_product_tallies.tallies;
+}
+
 std::map<ProductShape, int64_t> ProductLog::counts() const {
-  const std::lock_guard<std::mutex> lock(g_product_counts.mutex);
-  return g_product_counts.counts;
+  std::map<ProductShape, int64_t> counts;
+  for (const auto& [shape, t] : tallies()) counts[shape] = t.count;
+  return counts;
 }
 
 double time_product_alone(const ProductShape& s) {

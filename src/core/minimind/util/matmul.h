@@ -173,15 +173,23 @@ struct ProductShape {
   bool operator==(const ProductShape& o) const { return key() == o.key(); }
 };
 
-// While one lives, every product the kernels run is counted by shape, from any thread.
-// One at a time.
+// A shape's products as a ProductLog saw them: how many ran, and the seconds they took in
+// the kernel, each call timed on its core and the times added.
+struct ProductTally {
+  int64_t count = 0;
+  double seconds = 0;
+};
+
+// While one lives, every product the kernels run is counted and timed by shape, from any
+// thread. One at a time.
 class ProductLog {
  public:
   ProductLog();
   ~ProductLog();
   ProductLog(const ProductLog&) = delete;
   ProductLog& operator=(const ProductLog&) = delete;
-  std::map<ProductShape, int64_t> counts() const;
+  std::map<ProductShape, ProductTally> tallies() const;
+  std::map<ProductShape, int64_t> counts() const;  // the tallies' counts
 };
 
 // Seconds one product of `shape` takes alone on the calling thread's core, its operands

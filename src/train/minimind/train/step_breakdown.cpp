@@ -7,6 +7,7 @@
 #include <array>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_map>
 
 #include "minimind/util/step_part.h"
@@ -267,7 +268,7 @@ double ProductsAlone::step_ms_at_lone_speed(const StepBreakdown& b) const {
   return b.step_ms - saved;
 }
 
-ProductsAlone time_products_alone(const std::map<ProductShape, int64_t>& counts, int steps,
+ProductsAlone time_products_alone(const std::map<ProductShape, ProductTally>& tallies, int steps,
                                   const StepBreakdown& b) {
   if (steps < 1) throw std::invalid_argument("time_products_alone: steps >= 1");
   ProductsAlone p;
@@ -286,17 +287,41 @@ ProductsAlone time_products_alone(const std::map<ProductShape, int64_t>& counts,
              step_row(kRowNames[static_cast<size_t>(StepPart::product_grad_weight)])},
             {"attention's (in its row)", -1},
             {"elsewhere", -1}};
-  for (const auto& [shape, n] : counts) {
+  std::map<std::tuple<StepPart, Precision, char, char, int64_t, int64_t>, size_t> family_of;
+  for (const auto& [shape, tally] : tallies) {
+    if (tally.count < 1) continue;
     const size_t row = shape.part == StepPart::product_forward       ? 0
                        : shape.part == StepPart::product_grad_input  ? 1
                        : shape.part == StepPart::product_grad_weight ? 2
                        : shape.part == StepPart::attention           ? 3
                                                                      : 4;
-    const double per_step = static_cast<double>(n) / steps;
-    p.rows[row].alone_ms += 1e3 * time_product_alone(shape) * per_step / p.cores;
+    const double per_step = static_cast<double>(tally.count) / steps;
+    const double alone_ms = 1e3 * time_product_alone(shape) * per_step / p.cores;
+    p.rows[row].alone_ms += alone_ms;
     p.rows[row].gflop += shape.flops() * per_step / 1e9;
+    // The dimensions a family shares: all but the tokens' (none in attention's blocks).
+    const auto fixed = row < 2    ? std::pair(shape.n, shape.k)
+                       : row == 2 ? std::pair(shape.m, shape.n)
+                                  : std::pair(int64_t{-1}, int64_t{-1});
+    const auto key =
+        std::tuple(shape.part, shape.precision, shape.ta, shape.tb, fixed.first, fixed.second);
+    const auto [at, fresh] = family_of.try_emplace(key, p.families.size());
+    if (fresh) {
+      ProductsAlone::Family f;
+      f.row = p.rows[row].name, f.precision = shape.precision, f.ta = shape.ta, f.tb = shape.tb;
+      f.m = {shape.m, shape.m}, f.n = {shape.n, shape.n}, f.k = {shape.k, shape.k};
+      p.families.push_back(f);
+    }
+    ProductsAlone::Family& f = p.families[at->second];
+    for (const auto& [range, v] : {std::pair(&f.m, shape.m), {&f.n, shape.n}, {&f.k, shape.k}})
+      (*range)[0] = std::min((*range)[0], v), (*range)[1] = std::max((*range)[1], v);
+    f.per_step += per_step;
+    f.step_ms += 1e3 * tally.seconds / steps / p.cores;
+    f.alone_ms += alone_ms;
   }
   if (p.rows.back().gflop == 0) p.rows.pop_back();
+  std::stable_sort(p.families.begin(), p.families.end(),
+                   [](const auto& x, const auto& y) { return x.lost_ms() > y.lost_ms(); });
   return p;
 }
 
@@ -319,6 +344,28 @@ std::string format_products_alone(const ProductsAlone& p, double peak_gflops) {
   return out;
 }
 
+std::string format_product_families(const ProductsAlone& p, size_t top) {
+  auto dim = [](const std::array<int64_t, 2>& r) {
+    return r[0] == r[1] ? std::to_string(r[0]) : fmt::format("{}-{}", r[0], r[1]);
+  };
+  // One call's mean time, in microseconds, from a family's ms a step.
+  auto per_call = [&](const ProductsAlone::Family& f, double ms) {
+    return f.per_step > 0 ? 1e3 * ms * p.cores / f.per_step : 0.0;
+  };
+  std::string out =
+      "| product | op(a) @ op(b) | calls a step | in the step, us | alone, us | lost, ms a step "
+      "|\n|---|---|---:|---:|---:|---:|\n";
+  for (size_t i = 0; i < std::min(top, p.families.size()); ++i) {
+    const ProductsAlone::Family& f = p.families[i];
+    out +=
+        fmt::format("| {} ({}) | [{}, {}]{} @ [{}, {}]{} | {:.1f} | {:.1f} | {:.1f} | {:.2f} |\n",
+                    f.row, name_of(f.precision), dim(f.m), dim(f.k), f.ta == 'T' ? "^T" : "",
+                    dim(f.k), dim(f.n), f.tb == 'T' ? "^T" : "", f.per_step, per_call(f, f.step_ms),
+                    per_call(f, f.alone_ms), f.lost_ms());
+  }
+  return out;
+}
+
 nlohmann::json products_alone_json(const ProductsAlone& p) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : p.rows)
@@ -326,7 +373,24 @@ nlohmann::json products_alone_json(const ProductsAlone& p) {
                     {"step_ms", r.step_ms >= 0 ? nlohmann::json(r.step_ms) : nlohmann::json()},
                     {"alone_ms", r.alone_ms},
                     {"gflop", r.gflop}});
-  return {{"cores", p.cores}, {"alone_ms", p.alone_ms()}, {"gflop", p.gflop()}, {"rows", rows}};
+  nlohmann::json families = nlohmann::json::array();
+  for (const auto& f : p.families)
+    families.push_back({{"row", f.row},
+                        {"precision", name_of(f.precision)},
+                        {"ta", std::string(1, f.ta)},
+                        {"tb", std::string(1, f.tb)},
+                        {"m", f.m},
+                        {"n", f.n},
+                        {"k", f.k},
+                        {"per_step", f.per_step},
+                        {"step_ms", f.step_ms},
+                        {"alone_ms", f.alone_ms},
+                        {"lost_ms", f.lost_ms()}});
+  return {{"cores", p.cores},
+          {"alone_ms", p.alone_ms()},
+          {"gflop", p.gflop()},
+          {"rows", rows},
+          {"families", families}};
 }
 
 }  // namespace minimind

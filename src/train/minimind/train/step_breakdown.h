@@ -16,6 +16,7 @@
 // step's wall time. Products OpenBLAS splits over its own threads count once.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -82,6 +83,19 @@ struct ProductsAlone {
     double gflop = 0;  // per step
   };
   std::vector<Row> rows;  // forward, by input, by weight, attention's, any others
+  // The products by family: alike but for the dimension that counts a product's tokens
+  // (m forward and by input, k by weight), which varies with each expert's share; attention's
+  // by kernel and transposes (its row blocks vary in every dimension). Per step, core time /
+  // cores like the rows: in the kernel inside the step (the log's timing) and alone.
+  struct Family {
+    std::string row;  // its row's name
+    Precision precision = Precision::fp32;
+    char ta = 'N', tb = 'N';
+    std::array<int64_t, 2> m{}, n{}, k{};  // each dimension's smallest and largest
+    double per_step = 0, step_ms = 0, alone_ms = 0;
+    double lost_ms() const { return step_ms - alone_ms; }
+  };
+  std::vector<Family> families;  // the most time lost in the step first
   int cores = 1;
   double alone_ms() const;
   double gflop() const;
@@ -89,12 +103,15 @@ struct ProductsAlone {
   double step_ms_at_lone_speed(const StepBreakdown& b) const;
 };
 
-ProductsAlone time_products_alone(const std::map<ProductShape, int64_t>& counts, int steps,
+ProductsAlone time_products_alone(const std::map<ProductShape, ProductTally>& tallies, int steps,
                                   const StepBreakdown& b);
 
 // A Markdown table: each row in the step and alone, its GFLOP/s per core alone and that as
 // a share of `peak_gflops` (one core's).
 std::string format_products_alone(const ProductsAlone& p, double peak_gflops);
+// A Markdown table of the `top` families that lose the most time in the step: their calls a
+// step, a call's mean time in the step and alone, and the time lost a step.
+std::string format_product_families(const ProductsAlone& p, size_t top);
 nlohmann::json products_alone_json(const ProductsAlone& p);
 
 }  // namespace minimind
