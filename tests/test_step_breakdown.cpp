@@ -138,10 +138,8 @@ TEST(StepBreakdown, RecordsATrainingStep) {
   EXPECT_LT(r["other ops"] + r["between ops"], 0.3 * b.step_ms);
 }
 
-// The products alone: shapes to the breakdown's rows, counts per step, and the step with its
-// product rows at their lone time.
-TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+// A 100 ms step on 2 cores: 30, 20 and 25 ms of products, 10 of attention, 15 of other ops.
+StepBreakdown hundred_ms_step() {
   StepBreakdown b;
   b.step_ms = 100, b.cores = 2;
   b.rows = {{"products forward", 30},
@@ -149,6 +147,14 @@ TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
             {"products backward, by weight", 25},
             {"attention", 10},
             {"other ops", 15}};
+  return b;
+}
+
+// The products alone: shapes to the breakdown's rows, counts per step, and the step with its
+// product rows at their lone time.
+TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
+  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  const StepBreakdown b = hundred_ms_step();
   const ProductShape fwd{StepPart::product_forward, Precision::fp32, 'N', 'T', 64, 32, 16};
   const ProductShape att{StepPart::attention, Precision::fp32, 'N', 'N', 16, 8, 32};
   const ProductsAlone p = time_products_alone({{fwd, {6, 0.03}}, {att, {2, 0.001}}}, 2, b);
@@ -178,11 +184,7 @@ TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
 // times per step (core time / cores), most time lost first.
 TEST(ProductsAlone, FamiliesJoinShapesThatDifferInTheirTokens) {
   const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
-  StepBreakdown b;
-  b.step_ms = 100, b.cores = 2;
-  b.rows = {{"products forward", 30},
-            {"products backward, by input", 20},
-            {"products backward, by weight", 25}};
+  const StepBreakdown b = hundred_ms_step();
   const Precision f32 = Precision::fp32;
   const ProductShape fwd_a{StepPart::product_forward, f32, 'N', 'T', 40, 32, 16},
       fwd_b{StepPart::product_forward, f32, 'N', 'T', 24, 32, 16},
