@@ -534,6 +534,11 @@ TEST(MoE, RoutingMarginsEqualTorchTopks) {
   const torch::Tensor top = std::get<0>(torch::topk(nan, 4, -1));
   const torch::Tensor got = routing_margins(nan, std::get<1>(torch::topk(nan, 3, -1)));
   EXPECT_TRUE(torch::allclose(got, top.select(1, 2) - top.select(1, 3), 0, 0, /*equal_nan=*/true));
+  // No margin without a score left over, nor from a chosen-column list of another type.
+  const torch::Tensor x = torch::rand({5, 4});
+  EXPECT_THROW(routing_margins(x, std::get<1>(torch::topk(x, 4, -1))), c10::Error);
+  EXPECT_THROW(routing_margins(x, std::get<1>(torch::topk(x, 2, -1)).to(torch::kInt)), c10::Error);
+  EXPECT_THROW(routing_margins(x, torch::zeros({5, 0}, torch::kLong)), c10::Error);
 }
 
 // A generated token (one row, eval) takes the direct path: its k experts in ascending order,
