@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -21,6 +20,7 @@
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul_peak.h"
 #include "minimind/util/step_part.h"
+#include "minimind/util/stopwatch.h"
 
 namespace minimind {
 
@@ -49,13 +49,13 @@ template <typename Run>
 dnnl_status_t logged_product(Precision precision, char ta, char tb, int64_t m, int64_t n, int64_t k,
                              Run&& run) {
   if (!g_logging_products.load(std::memory_order_relaxed)) return run();
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const dnnl_status_t status = run();
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  const double took = clock.seconds();
   const ProductShape shape{current_step_part(), precision, ta, tb, m, n, k};
   const std::lock_guard<std::mutex> lock(g_product_tallies.mutex);
   ProductTally& t = g_product_tallies.tallies[shape];
-  ++t.count, t.seconds += took.count();
+  ++t.count, t.seconds += took;
   return status;
 }
 
