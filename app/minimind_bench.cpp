@@ -219,7 +219,10 @@ int main(int argc, char** argv) {
     const CpuFeatures& cpu = machine.cpu;
     std::vector<MatmulPeak> peaks = measure_matmul_peaks();
     for (const auto& p : other_kernel_set_peaks(cpu)) peaks.push_back(p);
-    const MatmulPeak &fp32 = *best_peak(peaks, "fp32"), &bf16 = *best_peak(peaks, "bf16");
+    // No bf16 peak where oneDNN has no bf16 matmul (a CPU without AVX-512): bf16 products,
+    // only under run.bf16_emulation there, are fp32 products of rounded inputs.
+    const MatmulPeak& fp32 = *best_peak(peaks, "fp32");
+    const MatmulPeak* bf16 = best_peak(peaks, "bf16");
     const MatmulPeak& openblas = peaks[0];
     spdlog::info("CPU {}: {}; matmul peak per core: {}", cpu.model, cpu.flags(), [&] {
       std::string s;
@@ -228,7 +231,11 @@ int main(int argc, char** argv) {
                          p.precision, p.gflops, p.kernel);
       return s;
     }());
-    if (!cpu.bf16())
+    if (!bf16)
+      spdlog::info(
+          "no bf16 products in oneDNN for this CPU (no AVX-512): bf16 runs as fp32 products of "
+          "rounded inputs, and its MFU is against the fp32 peak");
+    else if (!cpu.bf16())
       spdlog::info("no bf16 instructions (avx512_bf16, amx_bf16): oneDNN emulates bf16 here");
     const Precision prec = plan.precision;
     const std::string precision_name = name_of(prec), fp32_library = name_of(plan.matmul);
@@ -304,11 +311,11 @@ int main(int argc, char** argv) {
     // MFU against the best fp32 product this machine reaches (per core x cores), and for
     // comparison against OpenBLAS with the loaded kernels and against bf16.
     const double model_gflops = tok_s * flops_per_token(cfg.model, T).total() / 1e9;
-    const MatmulPeak& peak = prec == Precision::bf16 ? bf16 : fp32;
+    const MatmulPeak& peak = prec == Precision::bf16 && bf16 ? *bf16 : fp32;
     const double mfu = model_gflops / (peak.gflops * n_threads);
     const double mfu_fp32 = model_gflops / (fp32.gflops * n_threads);
     const double mfu_openblas = model_gflops / (openblas.gflops * n_threads);
-    const double mfu_bf16 = model_gflops / (bf16.gflops * n_threads);
+    const double mfu_bf16 = bf16 ? model_gflops / (bf16->gflops * n_threads) : 0;
     // What the products' lone speed allows: the model's FLOPs over the products' lone core
     // time (the rest of the step free), and the profiled step with its product rows at
     // their lone time.
@@ -361,13 +368,14 @@ int main(int argc, char** argv) {
                           {"mfu_fp32", mfu_fp32},
                           {"peak_fp32_gflops", fp32.gflops * n_threads},
                           {"mfu_openblas", mfu_openblas},
-                          {"mfu_bf16", mfu_bf16},
-                          {"peak_bf16_gflops", bf16.gflops * n_threads},
                           {"cpu", cpu.model},
                           {"cpu_flags", cpu.flags()},
                           {"gen_tok_s", gen_s},
                           {"blas_core", blas_core_name()},
                           {"allocator", allocator_name()}};
+      // null where there is no bf16 peak (a CPU without AVX-512)
+      j["mfu_bf16"] = bf16 ? nlohmann::json(mfu_bf16) : nlohmann::json();
+      j["peak_bf16_gflops"] = bf16 ? nlohmann::json(bf16->gflops * n_threads) : nlohmann::json();
       if (parts) j["breakdown"] = breakdown_json(*parts);
       if (alone)
         j["products_alone"] = products_alone_json(*alone), j["mfu_ceiling"] = mfu_ceiling,
@@ -377,12 +385,11 @@ int main(int argc, char** argv) {
       std::cout << fmt::format(
           "{} {}: {:.0f} tok/s (min {:.0f}, max {:.0f}) | step {:.0f} ms = fwd {:.0f} + bwd {:.0f} "
           "+ opt {:.0f} | peak RSS {:.0f} MB | {:.0f} model GFLOP/s: MFU {:.1f}% of the {} peak "
-          "{:.0f} GFLOP/s ({} {}), {:.1f}% of OpenBLAS {}'s, {:.1f}% of bf16's | generation "
-          "{:.0f} tok/s\n",
+          "{:.0f} GFLOP/s ({} {}), {:.1f}% of OpenBLAS {}'s{} | generation {:.0f} tok/s\n",
           preset, precision_name, tok_s, *lo, *hi, 1e3 * step, 1e3 * median(fwd), 1e3 * median(bwd),
           1e3 * median(optim), rss_mb, model_gflops, 100 * mfu, precision_name,
           peak.gflops * n_threads, peak.backend, peak.kernel, 100 * mfu_openblas, blas_core_name(),
-          100 * mfu_bf16, gen_s);
+          bf16 ? fmt::format(", {:.1f}% of bf16's", 100 * mfu_bf16) : std::string(), gen_s);
       if (parts)
         std::cout << fmt::format(
                          "\nWhere a step goes ({} profiled steps after the measured ones; "

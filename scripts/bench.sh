@@ -42,6 +42,13 @@ GLIBC_RAISED=(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296
 LOADED=$("$MINIMIND_BENCH" --matmul-peaks | $PY -c 'import json,sys; print([p["kernel"] for p in json.load(sys.stdin) if p["backend"] == "openblas"][0])')
 KERNELS=("$LOADED")
 if grep -qw avx512f /proc/cpuinfo && [ "$LOADED" != SkylakeX ]; then KERNELS+=(SkylakeX); fi
+# bf16 only where the CPU has bf16 instructions: elsewhere minimind-bench refuses bf16 (oneDNN
+# would emulate it) and PyTorch's autocast would time the emulation.
+PRECISIONS=(fp32 bf16)
+if ! grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  PRECISIONS=(fp32)
+  echo "bench.sh: this CPU has no bf16 instructions (avx512_bf16, amx_bf16): fp32 only" >&2
+fi
 
 reference() {  # PRESET PRECISION POLICY MALLOC KERNELS
   local env=(OPENBLAS_CORETYPE="$5")
@@ -59,7 +66,7 @@ if [ -n "${BENCH_SWEEP:-}" ]; then
   grep '"phase": "sweep"' "$BENCH_SWEEP" >> "$OUT"
 else
 for preset in $PRESETS; do
-  for precision in fp32 bf16; do
+  for precision in "${PRECISIONS[@]}"; do
     for policy in same blas1 minimind; do
       for malloc in tcmalloc glibc; do
         for kernels in "${KERNELS[@]}"; do
@@ -72,7 +79,7 @@ done
 fi
 PHASE=final
 for preset in $PRESETS; do
-  for precision in fp32 bf16; do
+  for precision in "${PRECISIONS[@]}"; do
     read -r policy malloc kernels < <($PY - "$OUT" "$preset" "$precision" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -88,9 +95,10 @@ PY
   done
 done
 
-$PY - "$OUT" "$THREADS" "$REPEATS" "$STEPS" <<'PY'
+$PY - "$OUT" "$THREADS" "$REPEATS" "$STEPS" "${PRECISIONS[*]}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+precisions = sys.argv[5].split()
 cpp = [r for r in rows if r["impl"] == "cpp"]
 presets = list(dict.fromkeys(r["preset"] for r in rows))
 print(f"bench config: hidden 256, 4 layers, 8 heads, 2 kv heads, vocab 6400, seq 256, batch 8; "
@@ -101,25 +109,25 @@ print(f"CPU {cpp[0]['cpu']}: {cpp[0]['cpu_flags']}; C++: {cpp[0]['allocator']}, 
 print("\nThe sweep: the reference once under each setting (threads, malloc, OpenBLAS kernels), tok/s")
 sweep = [r for r in rows if r["phase"] == "sweep"]
 settings = list(dict.fromkeys(r["setting"] for r in sweep))
-print("| setting | " + " | ".join(f"{p} {q}" for p in presets for q in ("fp32", "bf16")) + " |")
-print("|---|" + "---:|" * (2 * len(presets)))
+print("| setting | " + " | ".join(f"{p} {q}" for p in presets for q in precisions) + " |")
+print("|---|" + "---:|" * (len(precisions) * len(presets)))
 for s in settings:
     cells = []
     for p in presets:
-        for q in ("fp32", "bf16"):
+        for q in precisions:
             v = [r["tok_s"] for r in sweep if r["setting"] == s and r["preset"] == p and r["precision"] == q]
             cells.append(f"{v[0]:.0f}" if v else "")
     print(f"| {s} | " + " | ".join(cells) + " |")
 print(f"\nAlternating, {sys.argv[3]} runs each: medians (min-max), tok/s; MFU against the peak of "
       "the run's precision that minimind-bench measured")
 peak = {q: statistics.median(r["peak_fp32_gflops" if q == "fp32" else "peak_bf16_gflops"] for r in cpp)
-        for q in ("fp32", "bf16")}
+        for q in precisions}
 print("| preset | precision | C++ tok/s | C++ MFU | PyTorch at its best | its setting | C++ / PyTorch |")
 print("|---|---|---:|---:|---:|---|---:|")
 final = [r for r in rows if r["phase"] == "final"]
 res = {}
 for p in presets:
-    for q in ("fp32", "bf16"):
+    for q in precisions:
         c = [r for r in final if r["impl"] == "cpp" and r["preset"] == p and r["precision"] == q]
         t = [r for r in final if r["impl"] != "cpp" and r["preset"] == p and r["precision"] == q]
         ct, tt = statistics.median(r["tok_s"] for r in c), statistics.median(r["tok_s"] for r in t)
@@ -128,6 +136,6 @@ for p in presets:
         print(f"| {p} | {q} | {ct:.0f} ({min(r['tok_s'] for r in c):.0f}-{max(r['tok_s'] for r in c):.0f}) "
               f"| {100 * mfu:.1f} % | {tt:.0f} ({min(r['tok_s'] for r in t):.0f}-{max(r['tok_s'] for r in t):.0f}) "
               f"| {t[0]['setting']} | {ct / tt:.2f}x |")
-for p in presets:
+for p in presets if "bf16" in precisions else []:
     print(f"{p}: C++ bf16 / C++ fp32 = {res[(p, 'bf16')] / res[(p, 'fp32')]:.2f}x")
 PY

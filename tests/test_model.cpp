@@ -558,7 +558,9 @@ TEST(MatmulPeak, OneDnnGemmIsTheProductAndEveryBackendIsMeasured) {
   onednn_sgemm(37, 53, 29, a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>());
   EXPECT_LE((c - torch::mm(a, b)).abs().max().item<double>(), 1e-4);  // |values| ~ 5
   const std::vector<MatmulPeak> peaks = measure_matmul_peaks();
-  ASSERT_EQ(peaks.size(), 3u);
+  // oneDNN's bf16 matmul exists for AVX-512 CPUs only (oneDNN 2.6).
+  const bool avx512 = cpu_features().avx512f;
+  ASSERT_EQ(peaks.size(), avx512 ? 3u : 2u);
   for (const auto& p : peaks) {
     std::printf("matmul peak, one core: %s %s %.0f GFLOP/s (%s)\n", p.backend.c_str(),
                 p.precision.c_str(), p.gflops, p.kernel.c_str());
@@ -566,7 +568,7 @@ TEST(MatmulPeak, OneDnnGemmIsTheProductAndEveryBackendIsMeasured) {
     EXPECT_FALSE(p.kernel.empty());
   }
   ASSERT_NE(best_peak(peaks, "fp32"), nullptr);
-  EXPECT_EQ(best_peak(peaks, "bf16"), &peaks[2]);
+  EXPECT_EQ(best_peak(peaks, "bf16"), avx512 ? &peaks[2] : nullptr);
   EXPECT_EQ(best_peak(peaks, "fp16"), nullptr);
   // With bf16 instructions oneDNN runs a bf16 kernel (AVX512_BF16 or AMX), not emulation.
   if (cpu_features().bf16()) {

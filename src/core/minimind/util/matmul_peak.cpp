@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <sstream>
 
 #include "minimind/util/blas_check.h"
@@ -93,6 +94,25 @@ class OneTorchThread {
 
 }  // namespace
 
+namespace {
+
+// oneDNN's matmul with bf16 inputs and fp32 output for [n, n] operands, or nothing where
+// oneDNN has no such kernel: oneDNN 2.6 runs bf16 products on AVX-512 CPUs only (emulated
+// there without bf16 instructions); on an AVX2 CPU the primitive cannot be made.
+std::optional<dnnl::matmul::primitive_desc> bf16_matmul(int64_t n, const dnnl::engine& engine) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const dnnl::memory::desc a_md({n, n}, dt::bf16, tag::ab), b_md({n, n}, dt::bf16, tag::ab),
+      c_md({n, n}, dt::f32, tag::ab);
+  try {
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 std::vector<MatmulPeak> measure_matmul_peaks() {
   const OneTorchThread one_torch;
   const OneBlasThread one_blas;
@@ -103,6 +123,7 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
   MatmulPeak bf16{"onednn", "bf16", "", 0};
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
+  bool has_bf16 = true;
   for (const int64_t n : {512, 1024, 1536}) {
     torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
     blas.gflops = std::max(blas.gflops, product_gflops([&] { torch::mm_out(c, a, b); }, n, n, n));
@@ -114,16 +135,14 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
                                    },
                                    n, n, n));
     // bf16 inputs, fp32 output: the product mixed precision runs.
-    using tag = dnnl::memory::format_tag;
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md({n, n}, dt::bf16, tag::ab), b_md({n, n}, dt::bf16, tag::ab),
-        c_md({n, n}, dt::f32, tag::ab);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
-    bf16.kernel = pd.impl_info_str();
+    const std::optional<dnnl::matmul::primitive_desc> pd = bf16_matmul(n, engine);
+    has_bf16 = has_bf16 && pd.has_value();
+    if (!has_bf16) continue;
+    bf16.kernel = pd->impl_info_str();
     torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
-    dnnl::memory am(a_md, engine, a16.data_ptr()), bm(b_md, engine, b16.data_ptr()),
-        cm(c_md, engine, c.data_ptr());
-    const dnnl::matmul matmul(pd);
+    dnnl::memory am(pd->src_desc(), engine, a16.data_ptr()),
+        bm(pd->weights_desc(), engine, b16.data_ptr()), cm(pd->dst_desc(), engine, c.data_ptr());
+    const dnnl::matmul matmul(*pd);
     bf16.gflops = std::max(bf16.gflops, product_gflops(
                                             [&] {
                                               matmul.execute(stream, {{DNNL_ARG_SRC, am},
@@ -133,6 +152,7 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
                                             },
                                             n, n, n));
   }
+  if (!has_bf16) return {blas, sgemm};
   return {blas, sgemm, bf16};
 }
 

@@ -36,7 +36,8 @@ struct MatmulPeak {
 
 // Each backend and precision on one core (OpenBLAS at one thread, oneDNN at one thread),
 // best of square products of side 512, 1024 and 1536, each timed as the best of a few.
-// About a second.
+// About a second. OpenBLAS's and oneDNN's fp32 first, then oneDNN's bf16 where oneDNN has a
+// bf16 matmul for this CPU (not on a CPU without AVX-512).
 std::vector<MatmulPeak> measure_matmul_peaks();
 
 // The shortest of `reps` runs of `work`, in seconds (no warm-up of its own).
