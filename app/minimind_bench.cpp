@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--matmul", matmul,
                  "the fp32 products' library (same as --set run.matmul=M; auto: oneDNN on an "
-                 "AVX-512 CPU, else OpenBLAS)")
+                 "AVX2 or AVX-512 CPU, else OpenBLAS)")
       ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
   bool bf16_emulation = false;
   app.add_flag("--bf16-emulation", bf16_emulation,

@@ -53,8 +53,13 @@ TEST(ComputePlan, DecidesEachSettingByItsRule) {
   EXPECT_EQ(p.shards, 1);  // not training
   EXPECT_EQ(p.expert_parallel, 1);
 
-  // auto without AVX-512 is OpenBLAS; a named library is taken as named.
-  EXPECT_EQ(plan_compute(config({}), kAvx2, {}).matmul, MatmulBackend::openblas);
+  // auto is oneDNN on an AVX2 CPU, OpenBLAS on an older one; a named library is taken as named.
+  p = plan_compute(config({}), kAvx2, {});
+  EXPECT_EQ(p.matmul, MatmulBackend::onednn);
+  EXPECT_EQ(p.matmul_reason, "run.matmul: auto, AVX2 CPU");
+  p = plan_compute(config({}), machine("sse4_2 avx", 2, true), {});
+  EXPECT_EQ(p.matmul, MatmulBackend::openblas);
+  EXPECT_EQ(p.matmul_reason, "run.matmul: auto, no AVX2");
   p = plan_compute(config({"run.matmul=openblas"}), kAvx512Bf16, {});
   EXPECT_EQ(p.matmul, MatmulBackend::openblas);
   EXPECT_EQ(p.matmul_reason, "run.matmul: openblas");

@@ -283,9 +283,11 @@ TEST(Matmul, Bf16IsRefusedWithoutBf16InstructionsUnlessEmulationIsAsked) {
 // run.matmul: auto is a rule on the CPU's instruction sets: the same answer on every call,
 // however loaded the machine (a timed choice flipped between runs of one config).
 TEST(Matmul, AutoIsDecidedByTheCpuNeverByATiming) {
+  const CpuFeatures sse = parse_cpu_features("flags\t\t: fpu sse2 sse4_2 avx\n");
   const CpuFeatures avx2 = parse_cpu_features("flags\t\t: fpu sse2 avx avx2 fma\n");
   const CpuFeatures avx512 = parse_cpu_features("flags\t\t: avx2 avx512f avx512bw avx512_bf16\n");
-  EXPECT_EQ(auto_matmul(avx2), MatmulBackend::openblas);
+  EXPECT_EQ(auto_matmul(sse), MatmulBackend::openblas);
+  EXPECT_EQ(auto_matmul(avx2), MatmulBackend::onednn);
   EXPECT_EQ(auto_matmul(avx512), MatmulBackend::onednn);
   const Config cfg;  // run.matmul: auto
   const ComputePlan first = plan_compute(cfg, this_machine(), {});

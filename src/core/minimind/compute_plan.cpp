@@ -42,8 +42,9 @@ ComputePlan plan_compute(const Config& cfg, const Machine& machine, const Worklo
 
   if (run.matmul == MatmulBackend::automatic) {
     p.matmul = auto_matmul(machine.cpu);
-    p.matmul_reason =
-        machine.cpu.avx512f ? "run.matmul: auto, AVX-512 CPU" : "run.matmul: auto, no AVX-512";
+    p.matmul_reason = machine.cpu.avx512f ? "run.matmul: auto, AVX-512 CPU"
+                      : machine.cpu.avx2  ? "run.matmul: auto, AVX2 CPU"
+                                          : "run.matmul: auto, no AVX2";
   } else {
     p.matmul = run.matmul;
     p.matmul_reason = std::string("run.matmul: ") + name_of(run.matmul);

@@ -213,7 +213,7 @@ void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation) {
 }
 
 MatmulBackend auto_matmul(const CpuFeatures& cpu) {
-  return cpu.avx512f ? MatmulBackend::onednn : MatmulBackend::openblas;
+  return cpu.avx2 || cpu.avx512f ? MatmulBackend::onednn : MatmulBackend::openblas;
 }
 
 bool bf16_gemm_native() {

@@ -44,11 +44,12 @@ void set_product_settings(const ProductSettings& settings);
 // has no bf16 instructions, unless `bf16_emulation`.
 void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation);
 
-// What run.matmul auto means on a CPU: oneDNN where it has AVX-512, OpenBLAS elsewhere. A
-// rule on what does not change between runs, never a timing: a start-up probe of both
-// libraries picked by a few percent of noise on a busy machine, so two runs of one config
-// computed different bits. The rule follows the bench presets' steps (oneDNN 9-20 % faster
-// with OpenBLAS's own AVX-512 kernels, about 2x with its Haswell ones on an AVX-512 CPU;
+// What run.matmul auto means on a CPU: oneDNN where it has AVX2 (every AVX-512 CPU has),
+// OpenBLAS on an older one. A rule on what does not change between runs, never a timing: a
+// start-up probe of both libraries picked by a few percent of noise on a busy machine, so
+// two runs of one config computed different bits. The rule follows the bench presets' steps
+// (on an AVX-512 CPU oneDNN 9-20 % faster than OpenBLAS's own AVX-512 kernels, about 2x its
+// Haswell ones; on an AVX2 CPU as fast on four presets, 9-20 % faster on moe-e64k16;
 // docs/performance.md, "Which library").
 MatmulBackend auto_matmul(const CpuFeatures& cpu);
 
