@@ -25,8 +25,7 @@ LAUNCH="$SRC/scripts/launch-local.sh"
 export MASTER_PORT=$((20000 + ($$ + 7919) % 20000))
 
 head -n 300 "$SRC/data/austen.jsonl" > "$WORK/corpus.jsonl"
-# One fp32 library for every run (run.matmul: auto times both at start-up, and on a machine
-# busy with other tests two runs may choose differently; compared runs must not).
+# One fp32 library for every run, whatever the CPU: the compared runs must multiply alike.
 config() {  # config NAME AUX_COEF [MORE_MODEL_KEYS] (as tests/dist_two_ranks.sh, eps 1e-6 likewise)
   cat > "$WORK/$1.yaml" <<YAML
 run: {name: $1, seed: 5, threads: 1, dist_timeout: 60, matmul: onednn}

@@ -35,8 +35,7 @@ head -n 300 "$SRC/data/austen.jsonl" > "$WORK/corpus.jsonl"
 # 150k weights (measured with eps 1e-8: 5 weights above 1e-5, max 9.9e-5; the loss curves
 # agree to 6e-7). tests/test_train_step.cpp shows the same for accumulation, in fp64.
 EPS=1.0e-6
-# One fp32 library for every run (run.matmul: auto times both at start-up, and on a machine
-# busy with other tests two runs may choose differently; compared runs must not).
+# One fp32 library for every run, whatever the CPU: the compared runs must multiply alike.
 config() {  # config NAME USE_MOE AUX_COEF [MORE_MODEL_KEYS]
   cat > "$WORK/$1.yaml" <<YAML
 run: {name: $1, seed: 5, threads: 1, dist_timeout: 60, matmul: onednn}
