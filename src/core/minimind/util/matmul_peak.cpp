@@ -92,10 +92,6 @@ class OneTorchThread {
   int before_;
 };
 
-}  // namespace
-
-namespace {
-
 // oneDNN's matmul with bf16 inputs and fp32 output for [n, n] operands, or nothing where
 // oneDNN has no such kernel: oneDNN 2.6 runs bf16 products on AVX-512 CPUs only (emulated
 // there without bf16 instructions); on an AVX2 CPU the primitive cannot be made.
@@ -136,8 +132,10 @@ std::vector<MatmulPeak> measure_matmul_peaks() {
                                    n, n, n));
     // bf16 inputs, fp32 output: the product mixed precision runs.
     const std::optional<dnnl::matmul::primitive_desc> pd = bf16_matmul(n, engine);
-    has_bf16 = has_bf16 && pd.has_value();
-    if (!has_bf16) continue;
+    if (!pd) {
+      has_bf16 = false;
+      continue;
+    }
     bf16.kernel = pd->impl_info_str();
     torch::Tensor a16 = a.to(torch::kBFloat16), b16 = b.to(torch::kBFloat16);
     dnnl::memory am(pd->src_desc(), engine, a16.data_ptr()),
