@@ -98,7 +98,7 @@ __attribute__((always_inline)) inline void softmax_group(float* __restrict s, E*
     for (int g = 0; g < G; ++g) {
       const Lanes x = load_lanes(row[g] + j0) / scale;
       store_lanes(row[g] + j0, x);
-      lanes[g] = x > lanes[g] ? x : lanes[g];
+      lanes[g] = greater_of(x, lanes[g]);
     }
   float mx[G], sum[G];
   for (int g = 0; g < G; ++g) {
@@ -160,8 +160,6 @@ template <int G, typename E>
 __attribute__((always_inline)) inline void softmax_backward_group(
     float* __restrict s, E* __restrict pb, float* __restrict dp, E* __restrict dsb, int64_t ld,
     int64_t r0, int64_t r, int64_t rep, int64_t end, float scale, const float* __restrict stats) {
-  static const LaneInts kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  static_assert(kLanes == 16, "kIota lists the lanes");
   float* p[G];
   int64_t seen[G];
   float mx[G], inv[G], dot[G];
@@ -177,8 +175,8 @@ __attribute__((always_inline)) inline void softmax_backward_group(
   int64_t j0 = 0;
   for (; j0 + kLanes <= n; j0 += kLanes)
     for (int g = 0; g < G; ++g) {
-      Lanes x = exp_clamped(load_lanes(p[g] + j0) / scale - mx[g]) * inv[g];
-      x = kIota + static_cast<int32_t>(j0) < static_cast<int32_t>(seen[g]) ? x : Lanes{};
+      const Lanes x = first_lanes(exp_clamped(load_lanes(p[g] + j0) / scale - mx[g]) * inv[g],
+                                  static_cast<int32_t>(seen[g] - j0));
       store_lanes(p[g] + j0, x);
       lanes[g] += load_lanes(dp + (p[g] - s) + j0) * x;
     }

@@ -15,27 +15,62 @@ namespace minimind {
 // Compiled as its callers must be (util/cpu_clones.h): no contraction to FMA, no traps.
 MINIMIND_NO_FMA_BEGIN
 MINIMIND_NO_TRAPS_BEGIN
-// The reductions' partial results: one AVX-512 register of floats. The lanes are combined in
-// a fixed order, so a row's result does not depend on the machine.
+// The reductions' partial results: 16 floats, one AVX-512 register or two AVX2 ones. The
+// lanes are combined in a fixed order, so a row's result does not depend on the machine.
 constexpr int64_t kLanes = 16;
 
-// kLanes floats as one value (GCC's vector extension: one AVX-512 register, two AVX2 ones or
-// four SSE ones, by the clone being compiled), for loops that carry several rows' partial
-// results at once: written as scalar lanes, GCC kept such loops' partial results in memory.
-// Each operation is elementwise IEEE arithmetic, so a row's numbers are those of the scalar
-// helpers here bit for bit. Always inlined: no call passes a Lanes (src/CMakeLists.txt).
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t LaneInts __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// 8 floats as one value (GCC's vector extension: one AVX2 register, two SSE ones).
+typedef float Half __attribute__((vector_size(8 * sizeof(float))));
+typedef int32_t HalfInts __attribute__((vector_size(8 * sizeof(int32_t))));
+
+// kLanes floats as one value, for loops that carry several rows' partial results at once
+// (written as scalar lanes, GCC kept such loops' partial results in memory). Two halves and
+// not one 16-float vector: GCC 12 compiles a comparison or a select of a 64-byte vector for
+// an AVX2 CPU one lane at a time, in scalar code with spills (the attention's softmax ran at
+// about 6 ns per element in the AVX2 clone); 32-byte halves are AVX2's own registers, and
+// the AVX-512 clone runs them as 256-bit operations. Each operation is elementwise IEEE
+// arithmetic, so a row's numbers are those of the scalar helpers here bit for bit. Always
+// inlined: no call passes a Lanes (src/CMakeLists.txt).
+struct Lanes {
+  Half lo, hi;  // lanes 0-7, 8-15
+  float operator[](int64_t l) const { return l < 8 ? lo[l] : hi[l - 8]; }
+};
+#define MINIMIND_LANES_OPERATOR(op)                                                         \
+  __attribute__((always_inline)) inline Lanes operator op(const Lanes& a, const Lanes& b) { \
+    return {a.lo op b.lo, a.hi op b.hi};                                                    \
+  }                                                                                         \
+  __attribute__((always_inline)) inline Lanes operator op(const Lanes& a, float b) {        \
+    return {a.lo op b, a.hi op b};                                                          \
+  }
+MINIMIND_LANES_OPERATOR(+)
+MINIMIND_LANES_OPERATOR(-)
+MINIMIND_LANES_OPERATOR(*)
+MINIMIND_LANES_OPERATOR(/)
+#undef MINIMIND_LANES_OPERATOR
+__attribute__((always_inline)) inline Lanes& operator+=(Lanes& a, const Lanes& b) {
+  return a = a + b;
+}
 __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
   Lanes v;
-  std::memcpy(&v, p, sizeof v);
+  std::memcpy(&v.lo, p, sizeof v.lo);  // half by half: a copy of the whole went through memory
+  std::memcpy(&v.hi, p + 8, sizeof v.hi);
   return v;
 }
 __attribute__((always_inline)) inline void store_lanes(float* p, const Lanes& v) {
-  std::memcpy(p, &v, sizeof v);
+  std::memcpy(p, &v.lo, sizeof v.lo);
+  std::memcpy(p + 8, &v.hi, sizeof v.hi);
 }
 __attribute__((always_inline)) inline Lanes all_lanes(float x) {
-  return Lanes{} + x;
+  return {Half{} + x, Half{} + x};
+}
+// a > b ? a : b in each lane (a running maximum's step: NaNs in a are passed over).
+__attribute__((always_inline)) inline Lanes greater_of(const Lanes& a, const Lanes& b) {
+  return {a.lo > b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi};
+}
+// x in lanes [0, count), 0 in the others (count may be below 0 or above kLanes).
+__attribute__((always_inline)) inline Lanes first_lanes(const Lanes& x, int32_t count) {
+  const HalfInts iota = {0, 1, 2, 3, 4, 5, 6, 7};
+  return {iota < count ? x.lo : Half{}, iota + 8 < count ? x.hi : Half{}};
 }
 
 // max(x[0..n)), -inf for n = 0; NaNs are passed over. Any order of comparisons gives the same
@@ -45,10 +80,7 @@ __attribute__((always_inline)) inline Lanes all_lanes(float x) {
 __attribute__((always_inline)) inline float max_lanes(const float* x, int64_t n) {
   Lanes lanes = all_lanes(-__builtin_inff());
   int64_t j0 = 0;
-  for (; j0 + kLanes <= n; j0 += kLanes) {
-    const Lanes v = load_lanes(x + j0);
-    lanes = v > lanes ? v : lanes;
-  }
+  for (; j0 + kLanes <= n; j0 += kLanes) lanes = greater_of(load_lanes(x + j0), lanes);
   float mx = -__builtin_inff();
   for (int64_t j = j0; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
   for (int64_t l = 0; l < kLanes; ++l) mx = lanes[l] > mx ? lanes[l] : mx;
@@ -62,13 +94,13 @@ inline float pow2_integral(float n) {
   std::memcpy(&scale, &bits, sizeof scale);
   return scale;
 }
-__attribute__((always_inline)) inline Lanes pow2_integral(const Lanes& n) {
-  return __builtin_bit_cast(Lanes, (__builtin_convertvector(n, LaneInts) + 127) << 23);
+__attribute__((always_inline)) inline Half pow2_integral(const Half& n) {
+  return __builtin_bit_cast(Half, (__builtin_convertvector(n, HalfInts) + 127) << 23);
 }
 
 // e^x for x in [-87, 88] (clamped there), to about 2 ulp: x = n ln 2 + r with |r| <= ln 2 /
-// 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits. F is float, or Lanes for
-// each lane: the same operations in the same order.
+// 2, e^r by Cephes' expf polynomial, 2^n from its exponent bits. F is float, or Half for
+// each of its lanes: the same operations in the same order.
 template <typename F>
 __attribute__((always_inline)) inline F exp_clamped_of(F x) {
   const F lo = F{} + -87.0f, hi = F{} + 88.0f;
@@ -90,7 +122,7 @@ inline float exp_clamped(float x) {
   return exp_clamped_of(x);
 }
 __attribute__((always_inline)) inline Lanes exp_clamped(const Lanes& x) {
-  return exp_clamped_of(x);
+  return {exp_clamped_of(x.lo), exp_clamped_of(x.hi)};
 }
 
 // sum(x[j] * y[j]) over j < n in kLanes partial sums, then the tail, then the lanes in order.
