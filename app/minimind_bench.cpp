@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "command_line.h"
@@ -33,10 +34,19 @@
 #include "minimind/util/blas_check.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/output_path.h"
 #include "minimind/util/step_part.h"
 #include "minimind/util/stopwatch.h"
 
 namespace {
+
+// Whether a file's first bytes are those of a trace the legacy profiler writes (a JSON
+// array of complete events): what --profile may replace.
+bool is_profiler_trace(std::string_view head) {
+  const size_t start = head.find_first_not_of(" \n");
+  return start != std::string_view::npos && head[start] == '[' &&
+         head.find("\"ph\": \"X\"") != std::string_view::npos;
+}
 
 // OpenBLAS's fp32 peak under the kernel sets this CPU can run other than the loaded one:
 // the kernels are chosen when the library loads, so each is measured by this program run
@@ -170,15 +180,21 @@ int main(int argc, char** argv) {
     app.get_option("--variant")->excludes(app.get_option(other));
   if (const int status = minimind_app::parse_command_line(app, argc, argv); status >= 0)
     return status;
-  // The profiler writes its trace only after the measured step; find out now if it can.
-  if (!profile.empty() && !std::ofstream(profile)) {
-    std::cerr << "--profile: cannot write '" << profile << "': " << std::strerror(errno) << "\n";
-    return 1;
-  }
   minimind_app::use_console_logger("minimind-bench");  // stdout: data only
 
+  // The trace is written beside --profile and put in place whole, so that a run that fails
+  // or is stopped leaves what was there as it was.
+  std::optional<minimind::OutputReplacement> trace_file;
   return minimind::run_main([&] {
     using namespace minimind;
+    // The profiler writes only after the measured step: find out now whether it can.
+    if (!profile.empty()) {
+      check_own_output_file(profile, "--profile", "a trace minimind-bench writes",
+                            is_profiler_trace);
+      trace_file.emplace(profile);
+      if (!std::ofstream(trace_file->temp()))
+        throw Error("--profile: cannot write '" + profile + "': " + std::strerror(errno));
+    }
     if (peaks_only) {
       nlohmann::json j = nlohmann::json::array();
       for (const auto& p : measure_matmul_peaks())
@@ -270,7 +286,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < warmup + steps; ++s) {
       // The legacy autograd profiler records every op of the step, forward and backward.
       std::optional<torch::autograd::profiler::RecordProfile> trace;
-      if (!profile.empty() && s == warmup) trace.emplace(profile);
+      if (trace_file && s == warmup) trace.emplace(trace_file->temp());
       const Stopwatch clock;
       const StepStats st = train_step();
       const double t = clock.seconds();
@@ -280,6 +296,7 @@ int main(int argc, char** argv) {
       }
       if (trace) {
         trace.reset();  // writes the file
+        trace_file->commit();
         spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile,
                      s + 1);
       }

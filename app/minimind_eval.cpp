@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "command_line.h"
+#include "minimind/analysis/charts.h"
 #include "minimind/analysis/compare.h"
 #include "minimind/analysis/inspect.h"
 #include "minimind/analysis/report.h"
@@ -44,6 +45,12 @@
 #include "minimind/util/stopwatch.h"
 
 namespace {
+
+// A page's output: a file of the user's under its name is refused, never replaced.
+void check_page_output(const std::string& path, const std::string& what) {
+  minimind::check_own_output_file(path, what, "a page minimind-eval writes",
+                                  minimind::is_tool_page);
+}
 
 // The options of every subcommand; each subcommand registers the ones it reads.
 struct Args {
@@ -216,6 +223,10 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, const minimind::Comp
 // validation split), as a page and optionally JSON.
 int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
   using namespace minimind;
+  const std::string out = !a.out.empty()       ? a.out
+                          : !m.run_dir.empty() ? m.run_dir + "/analysis.html"
+                                               : "analysis.html";
+  if (a.out.empty()) check_page_output(out, "--out");
   AnalyzeOptions o;
   std::optional<TokenFile> val;
   for (const std::string& d : a.data_list) {
@@ -274,9 +285,6 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
                                         : std::string("too few tokens"),
                  l.repeat_rate, l.repeat_chance);
   if (!r.saturation_note.empty()) spdlog::info("{}", r.saturation_note);
-  const std::string out = !a.out.empty()       ? a.out
-                          : !m.run_dir.empty() ? m.run_dir + "/analysis.html"
-                                               : "analysis.html";
   write_file_atomic(out, render_analysis_page(r));
   spdlog::info("wrote {}", out);
   if (a.json) std::cout << nlohmann::json(r).dump() << std::endl;
@@ -534,9 +542,10 @@ int main(int argc, char** argv) {
   return minimind::run_main([&] {
     using namespace minimind;
     // A page's --out is checked before the work that fills it.
-    if (!a.out.empty()) check_output_file(a.out, "--out");
+    if (!a.out.empty()) check_page_output(a.out, "--out");
     if (compare->parsed()) {
       const std::string out = a.out.empty() ? "compare.html" : a.out;
+      if (a.out.empty()) check_page_output(out, "--out");
       write_compare(a.runs, out);
       spdlog::info("wrote {} ({} runs)", out, a.runs.size());
       return 0;

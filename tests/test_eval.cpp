@@ -616,6 +616,29 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
   EXPECT_EQ(bench.status, 1);
   EXPECT_NE(test::read_text(err_file).find("--profile: cannot write"), std::string::npos)
       << test::read_text(err_file);
+  // A file of the user's under a trace's or a page's name is refused and kept: --profile
+  // used to empty it at start-up, even when the run then stopped on a bad --config, and
+  // compare and analyze wrote their page over it.
+  const std::string mine = test::temp_dir("users_file") + "/notes.txt";
+  std::ofstream(mine) << "my notes\n";
+  bench.status =
+      WEXITSTATUS(std::system((std::string(MINIMIND_BENCH_BIN) +
+                               " --config no-such-config --profile " + mine + " 2>" + err_file)
+                                  .c_str()));
+  EXPECT_EQ(bench.status, 1);
+  EXPECT_NE(test::read_text(err_file).find("holds something other than a trace"), std::string::npos)
+      << test::read_text(err_file);
+  EXPECT_EQ(test::read_text(mine), "my notes\n");
+  for (const std::string& args : {"compare " + *dir_ + "/moe " + *dir_ + "/moe --out " + mine,
+                                  "analyze " + *dir_ + "/moe --out " + mine}) {
+    const Command c = run(args);
+    EXPECT_EQ(c.status, 1) << args;
+    EXPECT_NE(c.err.find("holds something other than a page minimind-eval writes"),
+              std::string::npos)
+        << args << "\n"
+        << c.err;
+    EXPECT_EQ(test::read_text(mine), "my notes\n") << args;
+  }
 }
 
 // stdout carries data only: a config printed with its warnings (the #858 one here) reads

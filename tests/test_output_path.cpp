@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "minimind/analysis/charts.h"
 #include "minimind/error.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/output_path.h"
@@ -38,6 +39,34 @@ struct InDirectory {
 };
 
 }  // namespace
+
+// A page's or a trace's name may hold a file of the user's: only the program's own kind of
+// output (or an empty file) is replaced; anything else is refused and left as it was.
+TEST(OutputPath, AUsersFileUnderAPagesNameIsRefusedAndKept) {
+  const fs::path dir = test::temp_dir("own_output");
+  auto check = [&](const fs::path& p) {
+    check_own_output_file(p.string(), "--out", "a page minimind-eval writes", is_tool_page);
+  };
+  write(dir / "notes.html", "my notes");
+  EXPECT_NE(test::error_of<Error>([&] { check(dir / "notes.html"); })
+                .find("--out '" + (dir / "notes.html").string() +
+                      "' holds something other than a page minimind-eval writes"),
+            std::string::npos);
+  EXPECT_EQ(read(dir / "notes.html"), "my notes");
+  // Another tool's page, and a page of this one's look with a title it never gives.
+  write(dir / "other.html", "<!DOCTYPE html>\n<html><head><title>minimind-cpp</title>");
+  EXPECT_THROW(check(dir / "other.html"), Error);
+  write(dir / "foreign.html", page_head("my page") + "</body></html>");
+  EXPECT_THROW(check(dir / "foreign.html"), Error);
+  write(dir / "page.html", page_head("minimind-cpp: 2 runs compared") + "</body></html>");
+  EXPECT_NO_THROW(check(dir / "page.html"));
+  write(dir / "report.html", page_head("minimind-cpp report: r", "<meta http-equiv=\"refresh\"/>"));
+  EXPECT_NO_THROW(check(dir / "report.html"));
+  write(dir / "empty.html", "");
+  EXPECT_NO_THROW(check(dir / "empty.html"));
+  EXPECT_NO_THROW(check(dir / "new.html"));
+  EXPECT_THROW(check(dir), Error);  // check_output_file's refusals still hold
+}
 
 TEST(OutputPath, DevicesFifosAndDirectoriesAreNeverReplacedByAFile) {
   const fs::path dir = test::temp_dir("output_kinds");

@@ -138,9 +138,20 @@ std::vector<double> axis_ticks(double lo, double hi) {
   return ticks;
 }
 
+namespace {
+constexpr std::string_view kPageStart =
+    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>";
+constexpr std::string_view kTitleStart = "<title>minimind-cpp";  // every page's title
+}  // namespace
+
+bool is_tool_page(std::string_view head) {
+  if (head.substr(0, kPageStart.size()) != kPageStart) return false;
+  const size_t title = head.find(kTitleStart), end = head.find("</head>");
+  return title != std::string_view::npos && (end == std::string_view::npos || title < end);
+}
+
 std::string page_head(const std::string& title, const std::string& extra) {
-  return "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>" + extra + "<title>" +
-         esc(title) +
+  return std::string(kPageStart) + extra + "<title>" + esc(title) +
          "</title><style>"
          "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
          "h1{font-size:20px}h2{font-size:16px;margin:18px 0 6px}"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -48,5 +49,9 @@ std::string line_chart(const std::string& title, const std::vector<Series>& seri
 // <!DOCTYPE ...><body>: the page head with the shared style sheet (and `extra`, e.g. a
 // refresh, in the head).
 std::string page_head(const std::string& title, const std::string& extra = "");
+
+// Whether a file's first bytes are those of a page page_head began: what minimind-eval may
+// replace under a page's name (check_own_output_file).
+bool is_tool_page(std::string_view head);
 
 }  // namespace minimind

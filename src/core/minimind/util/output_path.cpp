@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "minimind/error.h"
 #include "minimind/util/atomic_file.h"
@@ -65,6 +66,21 @@ void check_output_file(const std::string& path, const std::string& what) {
   if (kind.empty() || kind == "a file") return;
   throw Error(what + " '" + path + "' is " + kind + ", not a regular file",
               "give the path of a new or existing regular file");
+}
+
+void check_own_output_file(const std::string& path, const std::string& what,
+                           const std::string& kind, bool (*ours)(std::string_view head)) {
+  check_output_file(path, what);
+  if (path_kind(path).empty()) return;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + what + " '" + path + "': " + std::strerror(errno));
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  if (head.empty() || ours(head)) return;
+  throw Error(what + " '" + path + "' holds something other than " + kind +
+                  ", which replacing it would lose (nothing was changed)",
+              "choose another " + what + ", or move that file away first");
 }
 
 void check_replaceable_directory(const std::string& path, const std::string& what,

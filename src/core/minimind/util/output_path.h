@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace minimind {
@@ -26,6 +27,13 @@ bool is_same_or_inside(const std::string& inner, const std::string& outer);
 // "--out"). Refused with an Error saying what is there: a directory, a path ending in '/',
 // a device, FIFO or socket.
 void check_output_file(const std::string& path, const std::string& what);
+
+// An output file the program replaces only when what is there is its own kind of output
+// (`ours` judges the file's first bytes), or empty: a page, a trace. A user's file under
+// that name would be lost, so it is refused with an Error naming `kind` (e.g. "a page
+// minimind-eval writes"). check_output_file's refusals come first.
+void check_own_output_file(const std::string& path, const std::string& what,
+                           const std::string& kind, bool (*ours)(std::string_view head));
 
 // A directory the program may delete or replace: never the working directory or a
 // directory holding it, never a directory holding one of `inputs` or inside one of them.
