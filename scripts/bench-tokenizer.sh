@@ -35,11 +35,13 @@ fi
 
 # prepare KIND TOKENIZER THREADS: one --prepare-only into a fresh cache.
 prepare() {
-  local kind=$1 tok=$2 threads=$3 log="$WORK/prepare.log"
-  rm -rf "$WORK/cache"
+  local kind=$1 tok=$2 threads=$3 log="$WORK/prepare.log" cache
+  # A cache of its own each time: only what this script made is removed from WORK_DIR.
+  cache=$(mktemp -d "$WORK/cache.XXXXXX")
   /usr/bin/time -f "peak_rss_kb %M" "$TRAIN" --config "$CONFIG" --set data.train="$CORPUS" \
-    --set data.tokenizer="$tok" --set run.threads="$threads" --set data.cache_dir="$WORK/cache" \
+    --set data.tokenizer="$tok" --set run.threads="$threads" --set data.cache_dir="$cache" \
     --prepare-only 2> "$log"
+  rm -rf "$cache"
   local rate rss
   rate=$(grep -o '([0-9.]* MB/s' "$log" | tail -1 | tr -d '(' | cut -d' ' -f1)
   rss=$(awk '/peak_rss_kb/ {print int($2 / 1024)}' "$log")

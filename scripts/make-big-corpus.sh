@@ -8,7 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/make-big-corpus.sh OUT.jsonl [SIZE_MB]}
 SIZE_MB=${2:-1000}
-/usr/bin/python3 - "$OUT" "$SIZE_MB" <<'PY'
+# Never over an existing file (it may be a corpus of the user's), and put in place only once
+# complete: an interrupted run leaves no partial corpus that a later run would take as whole.
+if [ -e "$OUT" ]; then
+  echo "make-big-corpus: '$OUT' exists; remove it or give another name" >&2
+  exit 1
+fi
+PARTIAL="$OUT.partial.$$"
+trap 'rm -f "$PARTIAL"' EXIT
+/usr/bin/python3 - "$PARTIAL" "$SIZE_MB" <<'PY'
 import json, random, sys
 out, target = sys.argv[1], int(sys.argv[2]) * 1000 * 1000
 records = [json.loads(l)["text"] for l in open("data/austen.jsonl", encoding="utf-8") if l.strip()]
@@ -27,5 +35,8 @@ with open(out, "w", encoding="utf-8") as f:
             if written >= target:
                 break
         seed += 1
-print(f"{out}: {written / 1e6:.0f} MB, {seed} seeded copies")
+print(f"{written / 1e6:.0f} MB, {seed} seeded copies", end="")
 PY
+mv -n "$PARTIAL" "$OUT"
+[ ! -e "$PARTIAL" ] || { echo "make-big-corpus: '$OUT' appeared meanwhile; left as it is" >&2; exit 1; }
+echo " -> $OUT"
