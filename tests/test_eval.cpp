@@ -770,8 +770,14 @@ TEST_F(EvalTest, GenerationLimitsAreSaidNotSilent) {
       << dir_data.err;
   Command dir_tok = run("generate " + ckpt() + " --tokenizer " + *dir_ + " --prompt Emma");
   EXPECT_EQ(dir_tok.status, 1);
-  EXPECT_NE(dir_tok.err.find("is a directory, not a .model file"), std::string::npos)
+  EXPECT_NE(dir_tok.err.find("is a directory, not a tokenizer file"), std::string::npos)
       << dir_tok.err;
+  // An empty tokenizer file is said to be empty (it was read as a broken sentencepiece model).
+  std::ofstream(*dir_ + "/empty.json").flush();
+  Command empty_tok =
+      run("generate " + ckpt() + " --tokenizer " + *dir_ + "/empty.json --prompt Emma");
+  EXPECT_EQ(empty_tok.status, 1);
+  EXPECT_NE(empty_tok.err.find("/empty.json' is empty"), std::string::npos) << empty_tok.err;
   // A temperature so small that the logits overflow (the tool refuses it; a library caller
   // can pass it): an error, not a torch backtrace.
   EvalModel m = load_eval_model(ckpt(), "", "", false);

@@ -113,6 +113,13 @@ std::string run_tokenizer_file(const std::string& run_dir) {
   return {};
 }
 
+namespace {
+// What a tokenizer file may be, for the errors of one that is neither.
+const char* const kTokenizerKinds =
+    "give a sentencepiece .model file or a Hugging Face tokenizer.json (a JSON object, such "
+    "as MiniMind's model/tokenizer.json)";
+}  // namespace
+
 std::string run_tokenizer_name(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char c = 0;
@@ -152,7 +159,7 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
   t.handle_ = std::make_shared<Handle>();
   char err[1024];
   if (spm().load(model_bytes.data(), model_bytes.size(), &t.handle_->spm, err, sizeof(err)) != 0)
-    throw TokenizerError("'" + source + "' is not a sentencepiece model: " + err);
+    throw TokenizerError("'" + source + "' is not a sentencepiece model: " + err, kTokenizerKinds);
   t.bytes_ = std::move(model_bytes);
   t.source_ = source;
   return t;
@@ -167,13 +174,16 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   if (!std::filesystem::is_regular_file(status))
     throw TokenizerError(
         "tokenizer model '" + path + "' is " +
-        (std::filesystem::is_directory(status) ? "a directory" : "not a regular file") +
-        ", not a .model file");
+            (std::filesystem::is_directory(status) ? "a directory" : "not a regular file") +
+            ", not a tokenizer file",
+        kTokenizerKinds);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t first = bytes.find_first_not_of(" \t\r\n");
-  const bool json = first != std::string::npos && bytes[first] == '{';
+  if (first == std::string::npos)
+    throw TokenizerError("tokenizer '" + path + "' is empty", kTokenizerKinds);
+  const bool json = bytes[first] == '{';
   return from_bytes(std::move(bytes), path,
                     json ? special_names_beside(path) : std::vector<std::string>{});
 }
