@@ -2,8 +2,9 @@
 # The hostile pass of issue 44, each case with the real programs: the tool deletes only what
 # it wrote, outputs are regular files or its own directories, a replaced export goes from
 # old to new in one step, ranks that disagree stop, damaged or diverged weights are errors,
-# and inputs that never end are refused. Runs as any user (a FIFO stands in for a device
-# node; as root a real character device is tried as well).
+# inputs that never end are refused, and pages and traces never replace a user's file. Runs
+# as any user (a FIFO stands in for a device node; as root a real character device is tried
+# as well).
 # Usage: hostile_pass.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=$1
@@ -236,4 +237,15 @@ echo "a 50 MB one-line record: skipped with a message, peak RSS $rss_mb MB"
 
 # 13. Not a run: a plain message.
 expect_error slash.log "'/' is neither a run directory" "$EVAL" loss /
+# 15. A page or a trace never replaces a file of the user's (--profile used to empty it at
+# start-up, compare and analyze to write over it).
+echo notes > notes.txt
+expect_error page.log "holds something other than a page minimind-eval writes" \
+  "$EVAL" compare base own --out notes.txt
+expect_error page.log "holds something other than a page minimind-eval writes" \
+  "$EVAL" analyze base --out notes.txt
+expect_error trace.log "holds something other than a trace minimind-bench writes" \
+  "$BUILD/app/minimind-bench" --preset dense --steps 1 --warmup 0 --profile notes.txt
+[ "$(cat notes.txt)" = notes ] || fail "notes.txt was changed"
+
 echo "hostile pass: all cases held"
