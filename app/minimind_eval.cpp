@@ -226,7 +226,7 @@ int analyze_command(const Args& a, minimind::EvalModel& m, int threads) {
   const std::string out = !a.out.empty()       ? a.out
                           : !m.run_dir.empty() ? m.run_dir + "/analysis.html"
                                                : "analysis.html";
-  if (a.out.empty()) check_page_output(out, "--out");
+  check_page_output(out, "--out");  // before the work that fills it
   AnalyzeOptions o;
   std::optional<TokenFile> val;
   for (const std::string& d : a.data_list) {
@@ -541,11 +541,9 @@ int main(int argc, char** argv) {
   minimind_app::use_console_logger("minimind-eval");
   return minimind::run_main([&] {
     using namespace minimind;
-    // A page's --out is checked before the work that fills it.
-    if (!a.out.empty()) check_page_output(a.out, "--out");
     if (compare->parsed()) {
       const std::string out = a.out.empty() ? "compare.html" : a.out;
-      if (a.out.empty()) check_page_output(out, "--out");
+      check_page_output(out, "--out");  // before the work that fills it
       write_compare(a.runs, out);
       spdlog::info("wrote {} ({} runs)", out, a.runs.size());
       return 0;
