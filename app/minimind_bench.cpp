@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -40,12 +41,36 @@
 
 namespace {
 
-// Whether a file's first bytes are those of a trace the legacy profiler writes (a JSON
-// array of complete events): what --profile may replace.
-bool is_profiler_trace(std::string_view head) {
+// The first event of every trace --profile writes (a Chrome trace metadata record naming the
+// process): the mark by which a later --profile knows the file as its own to replace.
+constexpr std::string_view kTraceMark =
+    R"({"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "minimind-bench --profile"}})";
+
+// Whether a file's first bytes are those of a trace --profile wrote: what it may replace.
+// Another program's trace, however alike, is not (it carries no mark).
+bool is_own_trace(std::string_view head) {
   const size_t start = head.find_first_not_of(" \n");
-  return start != std::string_view::npos && head[start] == '[' &&
-         head.find("\"ph\": \"X\"") != std::string_view::npos;
+  return start != std::string_view::npos && head.substr(start, 1) == "[" &&
+         head.substr(start + 1, kTraceMark.size()) == kTraceMark;
+}
+
+// The legacy profiler's trace at `path` (a JSON array) with kTraceMark as its first event.
+void mark_trace(const std::string& path) {
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t open = text.find('[');
+  if (open == std::string::npos)
+    throw minimind::Error("--profile: the profiler wrote no JSON array to '" + path + "'");
+  const bool empty = text.find_first_not_of(" \n\r\t", open + 1) == std::string::npos ||
+                     text[text.find_first_not_of(" \n\r\t", open + 1)] == ']';
+  text.insert(open + 1, std::string(kTraceMark) + (empty ? "" : ",\n"));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush())
+    throw minimind::Error("--profile: cannot write '" + path + "': " + std::strerror(errno));
 }
 
 // OpenBLAS's fp32 peak under the kernel sets this CPU can run other than the loaded one:
@@ -188,9 +213,10 @@ int main(int argc, char** argv) {
   return minimind::run_main([&] {
     using namespace minimind;
     // The profiler writes only after the measured step: find out now whether it can.
+    if (app.count("--profile") > 0 && profile.empty())
+      throw Error("--profile is empty: give the trace's file name");
     if (!profile.empty()) {
-      check_own_output_file(profile, "--profile", "a trace minimind-bench writes",
-                            is_profiler_trace);
+      check_own_output_file(profile, "--profile", "a trace minimind-bench writes", is_own_trace);
       trace_file.emplace(profile);
       if (!std::ofstream(trace_file->temp()))
         throw Error("--profile: cannot write '" + profile + "': " + std::strerror(errno));
@@ -296,6 +322,7 @@ int main(int argc, char** argv) {
       }
       if (trace) {
         trace.reset();  // writes the file
+        mark_trace(trace_file->temp());
         trace_file->commit();
         spdlog::info("wrote {} (step {}, profiled: its time is not representative)", profile,
                      s + 1);

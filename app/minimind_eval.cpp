@@ -40,6 +40,7 @@
 #include "minimind/run/run_log.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/blas_check.h"
+#include "minimind/util/input_file.h"
 #include "minimind/util/matmul.h"
 #include "minimind/util/output_path.h"
 #include "minimind/util/stopwatch.h"
@@ -127,15 +128,35 @@ int tokenize_command(const Args& a) {
     return 0;
   }
   if (a.decode) {
-    std::ifstream in(a.data);
-    if (!in) throw DataError("cannot read '" + a.data + "'");
+    // Line by line in bounded blocks; a line too long, memory running out or a failed write
+    // stops with an error naming the line, never a silently shorter output.
+    InputFile in = open_input<DataError>(a.data, "--data", "a file of token ids");
+    LineReader lines(in);
     std::string line;
-    for (int64_t n = 1; std::getline(in, line); ++n)
-      print_text(line, a.data + ":" + std::to_string(n));
+    bool cut = false;
+    while (lines.next(line, kMaxRecordBytes, cut)) {
+      const std::string where = a.data + ":" + std::to_string(lines.line_number());
+      if (cut)
+        throw DataError(where + ": a line over " + std::to_string(kMaxRecordBytes >> 20) +
+                            " MiB of token ids; nothing of it was decoded",
+                        "split it into shorter lines (each line is decoded on its own)");
+      try {
+        print_text(line, where);
+      } catch (const std::bad_alloc&) {
+        throw DataError(where + ": out of memory decoding this line");
+      }
+      if (!std::cout.flush())
+        throw Error("writing the text of " + where + " failed (output closed or disk full?)");
+    }
     return 0;
   }
   // Records as training reads them: bad lines skipped with a warning naming the line.
-  read_corpus(a.data, {}, [&](std::string_view text, int64_t) { print_ids(text); });
+  read_corpus(a.data, {}, [&](std::string_view text, int64_t line) {
+    print_ids(text);
+    if (!std::cout.flush())
+      throw Error("writing the ids of " + a.data + ":" + std::to_string(line) +
+                  " failed (output closed or disk full?)");
+  });
   return 0;
 }
 

@@ -17,7 +17,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
     -DMINIMIND_BUILD_TESTS=OFF -DMINIMIND_BUILD_FUZZERS=ON -DMINIMIND_WERROR=OFF \
     -DCMAKE_CXX_FLAGS="$FLAGS"
 fi
-TARGETS=(config corpus token_file state_json weights run_log tokenizer_json tokenizer_text)
+TARGETS=(config corpus token_file state_json weights run_log tokenizer_json tokenizer_config tokenizer_text)
 if [ $# -gt 2 ]; then TARGETS=("${@:3}"); fi
 cmake --build build-fuzz -j "${JOBS:-$(nproc)}" --target "${TARGETS[@]/#/fuzz_}"
 # allocator_may_return_null: an impossible allocation is a bad_alloc the code handles, as in

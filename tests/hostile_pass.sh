@@ -27,9 +27,9 @@ expect_error() {
   local rc=0
   timeout 120 "$@" > "$log" 2>&1 || rc=$?
   [ "$rc" -eq 1 ] || { cat "$log" >&2; fail "'$*' exited $rc, not 1"; }
-  grep -q -- "$pattern" "$log" || { cat "$log" >&2; fail "'$*' did not say: $pattern"; }
+  grep -aq -- "$pattern" "$log" || { cat "$log" >&2; fail "'$*' did not say: $pattern"; }
   grep -q "unexpected error" "$log" && { cat "$log" >&2; fail "'$*': unexpected error"; }
-  echo "refused: $* -> $(grep -m1 "error" "$log" | sed 's/^[0-9:]* //' | cut -c1-110)"
+  echo "refused: $* -> $(grep -a -m1 "error" "$log" | sed 's/^[0-9:]* //' | cut -c1-110)"
 }
 
 head -n 300 "$SRC/data/austen.jsonl" > corpus.jsonl
@@ -222,11 +222,11 @@ expect_error contra.log "describes another model than the checkpoint's own confi
 expect_error contra.log "describes another model" "$EXPORT" base --config contra.yaml --format gguf --out c.gguf
 
 # 12. Inputs that never end or block are refused; a huge record is skipped, not held.
-expect_error zero.log "corpus '/dev/zero' is not a regular file" "$EVAL" loss base --data /dev/zero
-expect_error fifo.log "corpus 'fifo' is not a regular file" "$EVAL" loss base --data fifo
-expect_error tokzero.log "tokenizer model '/dev/zero' is not a regular file" \
+expect_error zero.log "corpus '/dev/zero' is a character device, not a JSONL file" "$EVAL" loss base --data /dev/zero
+expect_error fifo.log "corpus 'fifo' is a FIFO, not a JSONL file" "$EVAL" loss base --data fifo
+expect_error tokzero.log "tokenizer model '/dev/zero' is a character device, not a tokenizer file" \
   "$EVAL" loss base --data corpus.jsonl --tokenizer /dev/zero
-expect_error null.log "corpus '/dev/null' is not a regular file" "$EVAL" analyze base --data /dev/null
+expect_error null.log "corpus '/dev/null' is a character device, not a JSONL file" "$EVAL" analyze base --data /dev/null
 "$PY" -c 'import json; print(json.dumps({"text": "a" * (50 << 20)})); print(json.dumps({"text": "It is a truth."}))' > huge.jsonl
 /usr/bin/time -f "%M" -o huge.rss "$EVAL" loss base --data huge.jsonl > huge.log 2>&1 ||
   { cat huge.log; fail "a corpus with a huge record"; }
@@ -247,5 +247,96 @@ expect_error page.log "holds something other than a page minimind-eval writes" \
 expect_error trace.log "holds something other than a trace minimind-bench writes" \
   "$BUILD/app/minimind-bench" --preset dense --steps 1 --warmup 0 --profile notes.txt
 [ "$(cat notes.txt)" = notes ] || fail "notes.txt was changed"
+
+
+# The hostile pass of issue 70.
+# 16. A FIFO never blocks a reader: weights, configs, tokenizers and --decode's ids are
+# refused at once (timeout 120 in expect_error turns a hang into a failure).
+expect_error fifow.log "weights file 'fifo' is a FIFO, not a file written by torch.save" \
+  "$TRAIN" --config tiny.yaml --out fifo-run --set train.init_from=fifo --set train.max_steps=2
+[ ! -e fifo-run ] || fail "a refused init_from left a run directory"
+expect_error fifow.log "'fifo' is a FIFO" "$EVAL" loss fifo --config tiny-resolved.yaml
+expect_error fifow.log "'fifo' is a FIFO" "$EXPORT" fifo --config tiny-resolved.yaml \
+  --tokenizer base/tokenizer.model --format gguf --out fifo.gguf
+expect_error fifow.log "'fifo' is a FIFO" "$EVAL" tokenize base --data fifo --decode
+expect_error fifow.log "'fifo' is a FIFO, not a YAML config file" "$TRAIN" --config fifo
+expect_error fifow.log "tokenizer model 'fifo' is a FIFO" "$EVAL" loss base --tokenizer fifo
+# 17. Sizes have bounds; the memory estimate refuses what cannot fit before anything is
+# written, naming the keys; an allocation that fails anyway is "out of memory", not C++.
+expect_error bins.log "model.qb_num_bins .*must be from 2 to 100000, got 2147483647" \
+  "$TRAIN" --config tiny.yaml --out bins --set model.router_bias_rule=quantile \
+  --set model.router_aux_loss_coef=0 --set model.num_experts_per_tok=2 --set model.qb_num_bins=2147483647
+expect_error batch.log "the activations of a micro-batch of train.batch_size (1000000)" \
+  "$TRAIN" --config tiny.yaml --out bins --set train.batch_size=1000000
+[ ! -e bins ] || fail "a refused size left a run directory"
+expect_error scale.log "model.routed_scaling_factor .*must be in \[0.001, 1000\], got 1e+308" \
+  "$TRAIN" --config tiny.yaml --out bins --set model.routed_scaling_factor=1e308
+grep -q "memory estimate .* GB" base.log || fail "the trainer does not print its memory estimate"
+# 18. --decode reads in bounded blocks: a line of ids over 16 MiB, or output that cannot be
+# written, stops with an error naming the line, never a shorter output with exit 0.
+"$PY" -c 'import sys; sys.stdout.write("5 6\n" + "5 " * (10 << 20) + "\n5\n")' > longids.txt
+expect_error longids.log "longids.txt:2: a line over 16 MiB of token ids" \
+  "$EVAL" tokenize base --data longids.txt --decode
+if "$EVAL" tokenize base --data corpus.jsonl > /dev/full 2> full.log; then fail "writing to /dev/full succeeded"; fi
+grep -q "corpus.jsonl:1 failed (output closed or disk full?)" full.log || { cat full.log; fail "/dev/full: no line named"; }
+echo "-- tokenize to /dev/full: $(grep -m1 error full.log | cut -c1-100)"
+# 19. Resume of a run started from weights reads only its own checkpoint.
+cp -r base src-gone
+"$TRAIN" --config tiny.yaml --out from-gone --set train.init_from=src-gone --set train.max_steps=3 \
+  --set train.checkpoint_interval=3 > gone.log 2>&1 || { cat gone.log; fail "a run from src-gone"; }
+rm -rf src-gone
+"$TRAIN" --config tiny.yaml --out from-gone --set train.init_from=src-gone --set train.max_steps=6 \
+  --resume > gone2.log 2>&1 || { cat gone2.log; fail "resume needed the deleted source"; }
+# 20. A copied hash table must be the one the config draws; a table of out-of-range experts
+# is named; a text file, a BOM or a JSON array is said to be what it is.
+"$TRAIN" --config tiny.yaml --out hashsrc --set model.hash_layers=1 --set model.hash_table=random \
+  --set train.max_steps=2 > hashsrc.log 2>&1 || { cat hashsrc.log; fail "hash source run"; }
+expect_error hash.log "the weights' hash table model.layers.0.mlp.gate.tid2eid is not the one model.hash_table: random with run.seed: 4 draws (their run had model.hash_table: random, run.seed: 3)" \
+  "$TRAIN" --config tiny.yaml --out hashcopy --set train.init_from=hashsrc --set model.hash_layers=1 \
+  --set model.hash_table=random --set run.seed=4
+expect_error hash.log "is not the one model.hash_table: round_robin" \
+  "$TRAIN" --config tiny.yaml --out hashcopy --set train.init_from=hashsrc --set model.hash_layers=1
+[ ! -e hashcopy ] || fail "a refused hash table left a run directory"
+HASHCKPT=$(ls -d hashsrc/checkpoints/step_* | tail -1)
+"$PY" - "$HASHCKPT/model.pth" bad-table.pth <<'PY'
+import sys, torch
+w = torch.load(sys.argv[1])
+w["model.layers.0.mlp.gate.tid2eid"][7, 0] = 99
+torch.save(w, sys.argv[2])
+PY
+"$TRAIN" --config tiny.yaml --set model.hash_layers=1 --set model.hash_table=random --print-config \
+  > hash-resolved.yaml 2> /dev/null
+expect_error table.log "model.layers.0.mlp.gate.tid2eid holds expert id 99, outside the model's 4 experts" \
+  "$EVAL" loss bad-table.pth --config hash-resolved.yaml --tokenizer hashsrc/tokenizer.model
+echo "just some notes" > notes.pth
+expect_error text.log "'notes.pth' is not a file written by torch.save: it does not begin as a zip archive (its first bytes are \"just some notes" \
+  "$TRAIN" --config tiny.yaml --out textw --set train.init_from=notes.pth --set data.tokenizer=base/tokenizer.model
+grep -q "checkpoint before it" text.log && fail "a text file was called a damaged checkpoint"
+cp -r "$CKPT" nostate && rm nostate/state.json
+expect_error nostate.log "checkpoint 'nostate' is incomplete (no state.json)" \
+  "$TRAIN" --config tiny.yaml --out nostate-run --set train.init_from=nostate
+grep -q "resume from the one before" nostate.log && fail "another run's checkpoint: told to resume from the one before"
+TOKJSON="$SRC/tests/data/minimind-tokenizer/tokenizer.json"
+printf '\xef\xbb\xbf' | cat - "$TOKJSON" > bom.json
+expect_error bom.log "begins with a UTF-8 byte-order mark" "$EVAL" tokenize --tokenizer bom.json --text hi
+echo '[]' > array.json
+expect_error array.log "holds a JSON array, not a tokenizer.json" "$EVAL" tokenize --tokenizer array.json --text hi
+mkdir -p tc && cp "$TOKJSON" tc/tokenizer.json
+printf '{"pad_token": 5, "bos_token": [1], "eos_token": true}' > tc/tokenizer_config.json
+expect_error tc.log "tokenizer_config.json': pad_token is JSON number (5), not a token's name" \
+  "$EVAL" tokenize --tokenizer tc/tokenizer.json --text hi
+# 21. eval's --tokenizer must be the run's own (or a copy of it).
+"$TRAIN" --config tiny.yaml --out other --set run.seed=5 --set data.train="$SRC/data/austen.jsonl" \
+  --set train.max_steps=1 > other.log 2>&1 || { cat other.log; fail "other run"; }
+expect_error evaltok.log "--tokenizer 'other/tokenizer.model' is another tokenizer than the run's own" \
+  "$EVAL" loss base --tokenizer other/tokenizer.model
+cp base/tokenizer.model same.model
+"$EVAL" loss base --tokenizer same.model > same.log 2>&1 || { cat same.log; fail "a copy of the run's tokenizer"; }
+# 22. --profile: an empty path is refused; another program's trace is kept.
+expect_error profile.log "--profile is empty" "$BUILD/app/minimind-bench" --preset dense --steps 1 --warmup 0 --profile ""
+echo '[{"name": "a", "ph": "X"}, {"name": "my notes"}]' > theirs.json
+expect_error profile.log "holds something other than a trace minimind-bench writes" \
+  "$BUILD/app/minimind-bench" --preset dense --steps 1 --warmup 0 --profile theirs.json
+[ "$(cat theirs.json)" = '[{"name": "a", "ph": "X"}, {"name": "my notes"}]' ] || fail "theirs.json changed"
 
 echo "hostile pass: all cases held"

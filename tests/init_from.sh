@@ -102,6 +102,19 @@ expect_refusal corrupt "train.init_from (--set train.init_from=corrupt): 'corrup
   --out c --set train.init_from=corrupt
 expect_refusal vocab "has 6400 pieces but model.vocab_size is 512" --out c \
   --set train.init_from=a --set data.tokenizer="$SRC/tests/data/minimind-tokenizer/tokenizer.json"
+# Another tokenizer of the same size than the weights': refused naming both files, unless
+# train.init_other_tokenizer says it is meant; the weights' own (a copy) is fine.
+"$TRAIN" --config tiny.yaml --out other-tok --set data.train="$SRC/data/austen.jsonl" \
+  --set train.max_steps=2 > other-tok.log 2>&1 || { cat other-tok.log >&2; fail "other-tok run"; }
+expect_refusal othertok "is another tokenizer than '.*a/tokenizer.model', the one the weights of train.init_from" \
+  --out c --set train.init_from=a --set data.tokenizer=other-tok/tokenizer.model
+"$TRAIN" --config tiny.yaml --out c --set train.init_from=a --set data.tokenizer=other-tok/tokenizer.model \
+  --set train.init_other_tokenizer=true --set train.max_steps=2 > othertok-ok.log 2>&1 ||
+  { cat othertok-ok.log >&2; fail "init_other_tokenizer: true was refused"; }
+cp a/tokenizer.model own-copy.model
+"$TRAIN" --config tiny.yaml --out c --overwrite --set train.init_from=a --set data.tokenizer=own-copy.model \
+  --set train.max_steps=2 > owncopy.log 2>&1 || { cat owncopy.log >&2; fail "a copy of the weights' tokenizer was refused"; }
+rm -rf c
 # Upcycling: a dense run's feed-forward into every expert. With renormalised top-k weights
 # the experts' weighted sum is the dense output again, so the upcycled model's step-0
 # validation loss is the dense model's last (to 1e-5: the weights sum to 1 in float).
@@ -150,7 +163,7 @@ for s in false true; do
     --set train.upcycle_scaling=$s --set train.max_steps=2 > top1$s.log 2>&1 ||
     { cat top1$s.log >&2; fail "top-1 upcycled run (scaling $s)"; }
 done
-grep -q "step 0 computes another function than the dense model: the chosen experts' weights are not renormalised" \
+grep -q "step 0 computes another function than the dense model (measured: .*): the chosen experts' weights are not renormalised" \
   top1true.log || fail "no 'function changed' line"
 python3 -c "import sys; d, a, b = map(float, sys.argv[1:]); \
 print(f'top-1 unrenormalised step 0: dense {d:.5f}, copies {a:.5f}, scaled copies {b:.5f}'); \
@@ -159,7 +172,48 @@ sys.exit(not abs(b - d) < abs(a - d))" "$dense_last" "$(val_losses top1false | s
 "$TRAIN" --config tiny.yaml --out drop --set train.init_from=dense --set train.init_mode=upcycle \
   --set train.upcycle_drop=0.5 --set train.max_steps=2 > drop.log 2>&1 ||
   { cat drop.log >&2; fail "Drop-Upcycling run"; }
-grep -q "with 0.5 of its units redrawn (Drop-Upcycling)" drop.log || fail "no Drop-Upcycling line"
+grep -q "with 128 of its 256 intermediate units redrawn (Drop-Upcycling, train.upcycle_drop 0.5)" drop.log ||
+  fail "no Drop-Upcycling line"
+# A ratio too small to redraw a unit redraws none and says so; 1 redraws them all.
+for ratio in 1e-320 1; do
+  "$TRAIN" --config tiny.yaml --out drop$ratio --set train.init_from=dense --set train.init_mode=upcycle \
+    --set model.norm_topk_prob=true --set train.upcycle_drop=$ratio --set train.max_steps=2 \
+    > drop$ratio.log 2>&1 || { cat drop$ratio.log >&2; fail "Drop-Upcycling $ratio"; }
+done
+grep -q "with 0 of its 256 intermediate units redrawn" drop1e-320.log || fail "1e-320 redrew units?"
+grep -q "step 0 computes the dense model's function" drop1e-320.log || fail "no unit redrawn, yet another function"
+grep -q "with 256 of its 256 intermediate units redrawn" drop1.log || fail "1 did not redraw all units"
+# The claim each upcycled run records (preserves_function, from the model as built) against
+# what its step-0 validation loss shows, router kind by router kind: a claimed dense function
+# gives the dense loss to 1e-5; a denied one a loss that differs.
+kinds=(
+  "learned-top2 --set model.num_experts_per_tok=2 --set model.norm_topk_prob=true"
+  "learned-top1-raw --set model.norm_topk_prob=false"
+  "random --set model.router=random --set model.router_aux_loss_coef=0 --set model.num_experts_per_tok=2"
+  "hash --set model.router=hash --set model.router_aux_loss_coef=0"
+  "hash-layer --set model.hash_layers=1 --set model.num_experts_per_tok=2 --set model.norm_topk_prob=true"
+  "hash-layer-fine --set model.hash_layers=1 --set model.moe_intermediate_size=128 --set model.num_experts_per_tok=2 --set model.norm_topk_prob=true --set train.upcycle_scaling=true"
+  "capacity --set model.capacity_factor=0.5 --set model.num_experts_per_tok=2 --set model.norm_topk_prob=true"
+)
+for kind in "${kinds[@]}"; do
+  read -r name sets <<< "$kind"
+  # shellcheck disable=SC2086
+  "$TRAIN" --config tiny.yaml --out kind-$name --set train.init_from=dense --set train.init_mode=upcycle \
+    --set train.max_steps=2 $sets > kind-$name.log 2>&1 || { cat kind-$name.log >&2; fail "upcycled $name"; }
+  python3 - "$dense_last" "$(val_losses kind-$name | sed -n 1p | cut -d' ' -f2)" kind-$name <<'PY' ||
+import glob, json, sys
+dense, first = float(sys.argv[1]), float(sys.argv[2])
+state = json.load(open(sorted(glob.glob(sys.argv[3] + "/checkpoints/step_*/state.json"))[-1]))
+claim = state["init_from"]["preserves_function"]
+gap = state["init_from"]["output_gap"]
+d = abs(first - dense)
+print(f"{sys.argv[3]}: preserves_function {claim} (logit gap {gap:.1e}), step-0 |loss - dense| {d:.1e}")
+sys.exit(0 if (d < 1e-5 if claim else d > 1e-7) else 1)
+PY
+    fail "the upcycled $name run's claim disagrees with its step-0 loss"
+done
+grep -q "step 0 computes another function than the dense model (measured: .*hash-routed layers" \
+  kind-hash-layer-fine.log || fail "the fine-grained hash layer's line does not say why"
 # The experts' similarity (expert_load.jsonl, log steps): the cosine of each pair of experts'
 # flattened weights, recomputed here from the last checkpoint (same step) to 1e-9. Plain
 # copies stay alike after 3 steps (0.98 here); Drop-Upcycling starts them apart.

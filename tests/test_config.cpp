@@ -161,10 +161,29 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
       {"model.num_attention_heads", "line 2", "not divisible by model.num_key_value_heads"});
   expect_error("model:\n  use_moe: true\n  num_experts: 2\n  num_experts_per_tok: 3\n",
                {"model.num_experts_per_tok", "line 4", "more than model.num_experts"});
-  expect_error("model:\n  hidden_size: 0\n", {"model.hidden_size", "line 2", "must be > 0"});
-  expect_error("model:\n  num_hidden_layers: -2\n", {"model.num_hidden_layers", "must be > 0"});
-  expect_error("model:\n  intermediate_size: 0\n", {"model.intermediate_size", "must be > 0"});
-  expect_error("model:\n  num_experts: 0\n", {"model.num_experts", "must be > 0"});
+  expect_error("model:\n  hidden_size: 0\n",
+               {"model.hidden_size", "line 2", "must be from 1 to 65536, got 0"});
+  expect_error("model:\n  num_hidden_layers: -2\n",
+               {"model.num_hidden_layers", "must be from 1 to 1024"});
+  expect_error("model:\n  intermediate_size: 0\n", {"model.intermediate_size", "must be from 1"});
+  expect_error("model:\n  num_experts: 0\n", {"model.num_experts", "must be from 1 to 4096"});
+  // Every size key has an upper bound (docs/configuration.md, "Ranges").
+  for (const auto& [key, max] : std::vector<std::pair<std::string, int64_t>>{
+           {"model.hidden_size", kMaxSize.hidden},
+           {"model.num_hidden_layers", kMaxSize.layers},
+           {"model.num_attention_heads", kMaxSize.heads},
+           {"model.num_key_value_heads", kMaxSize.heads},
+           {"model.max_position_embeddings", kMaxSize.positions},
+           {"model.vocab_size", kMaxSize.vocab},
+           {"model.intermediate_size", kMaxSize.ffn},
+           {"model.moe_intermediate_size", kMaxSize.ffn},
+           {"model.num_experts", kMaxSize.experts},
+           {"model.n_shared_experts", kMaxSize.experts},
+           {"data.max_seq_len", kMaxSize.positions},
+           {"train.batch_size", kMaxSize.batch}})
+    expect_error("run: {name: x}\n",
+                 {key, std::to_string(max) + ", got " + std::to_string(max + 1)},
+                 {key + "=" + std::to_string(max + 1)});
   expect_error("model:\n  vocab_size: 2\n", {"model.vocab_size", ">= 3"});
   expect_error("model:\n  hidden_size: 24\n  num_attention_heads: 8\n  num_key_value_heads: 4\n",
                {"head_dim", "even"});
@@ -223,8 +242,11 @@ TEST(ConfigBalancing, BadValuesAndCombinationsNameTheKeys) {
   expect_error(moe + "  router_bias_update_rate: -0.001\n",
                {"model.router_bias_update_rate", ">= 0"});
   expect_error(moe + "  n_shared_experts: -1\n", {"model.n_shared_experts", ">= 0"});
+  // A finite range: 1e308 used to be taken, and the NaN it made blamed on the learning rate.
+  expect_error(moe + "  routed_scaling_factor: 1.0e308\n",
+               {"model.routed_scaling_factor", "must be in [0.001, 1000], got 1e+308"});
   expect_error(moe + "  n_shared_experts: 1\n  shared_expert_intermediate_size: 0\n",
-               {"model.shared_expert_intermediate_size", "> 0"});
+               {"model.shared_expert_intermediate_size", "must be from 1 to"});
   // Combinations: both keys, both origins.
   expect_error("model:\n  n_shared_experts: 1\n", {"model.n_shared_experts (test.yaml line 2)",
                                                    "model.use_moe (default)", "use_moe: false"});
@@ -256,7 +278,9 @@ TEST(ConfigBalancing, BadValuesAndCombinationsNameTheKeys) {
                {"model.router_bias_update_rate (test.yaml line 5)", "model.router_bias_rule"});
   expect_error(qb + "  num_experts: 2\n  num_experts_per_tok: 2\n",
                {"model.num_experts_per_tok (test.yaml line 6)", "(k+1)-th"});
-  expect_error(qb + "  qb_num_bins: 1\n", {"model.qb_num_bins", ">= 2"});
+  expect_error(qb + "  qb_num_bins: 1\n", {"model.qb_num_bins", "must be from 2 to 100000"});
+  expect_error(qb + "  qb_num_bins: 2147483647\n",
+               {"model.qb_num_bins", "must be from 2 to 100000, got 2147483647"});
   expect_error(qb + "  qb_ema: 1.0\n", {"model.qb_ema", "[0, 1)"});
   expect_error(moe + "  qb_estimator: exact\n",
                {"model.qb_estimator (test.yaml line 3)", "model.router_bias_rule (default)",
@@ -399,6 +423,37 @@ TEST(ConfigMemory, AbsurdModelSizesAreRefused) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("GB to train"), std::string::npos) << e.what();
   }
+}
+
+// The estimate's other parts, worked out by hand: quantile balancing's histograms ((L + 6)
+// [E, bins] int64 tables), the hash layers' [V, k] tables, and a micro-batch's activations
+// (per token and layer 8 H + 2 heads T + 4 (k I_e + n_s I_s + 3 E) floats, and 3 V for the
+// logits; every layer's in training, one layer's in evaluation).
+TEST(ConfigMemory, HistogramsTablesAndActivationsEnterTheEstimate) {
+  ModelConfig m;
+  m.hidden_size = 16, m.num_hidden_layers = 64, m.num_attention_heads = 2,
+  m.num_key_value_heads = 1, m.vocab_size = 100, m.intermediate_size = 16, m.use_moe = true,
+  m.num_experts = 4096, m.num_experts_per_tok = 2, m.moe_intermediate_size = 16;
+  const double base = memory_estimate(m, true).routing;
+  EXPECT_EQ(base, 0.0);
+  m.router_bias_rule = BiasRule::quantile, m.qb_num_bins = 100000;
+  EXPECT_EQ(memory_estimate(m, true).routing, 70.0 * 4096 * 100000 * 8);
+  EXPECT_EQ(memory_estimate(m, false).routing, 0.0);  // the histograms are training's
+  m.hash_layers = 3;
+  EXPECT_EQ(memory_estimate(m, false).routing, 3.0 * 100 * 2 * 8);
+  const std::string err =
+      test::error_of<ConfigError>([&] { check_model_fits_memory(m, true, 1, 8); });
+  EXPECT_NE(err.find("most of it is the routing tables"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.qb_num_bins"), std::string::npos) << err;
+  // Activations: 2 rows of 8 tokens; per layer 8*16 + 2*2*8 + 4*(2*16 + 0 + 3*4096) floats.
+  const double per_layer = 8 * 16 + 2 * 2 * 8 + 4 * (2 * 16 + 3 * 4096);
+  EXPECT_EQ(memory_estimate(m, true, 2, 8).activations, 4.0 * 16 * (64 * per_layer + 3 * 100));
+  EXPECT_EQ(memory_estimate(m, false, 2, 8).activations, 4.0 * 16 * (per_layer + 3 * 100));
+  const std::string batch =
+      test::error_of<ConfigError>([&] { check_model_fits_memory(m, false, 1 << 20, 1 << 20); });
+  EXPECT_NE(batch.find("most of it is the activations of a micro-batch of train.batch_size"),
+            std::string::npos)
+      << batch;
 }
 
 TEST(ConfigFile, MissingFileIsAnError) {

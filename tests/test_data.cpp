@@ -176,7 +176,7 @@ TEST(Jsonl, SpecialFilesAreRefusedAndHugeRecordsSkipped) {
   }
   EXPECT_NE(test::error_of<TokenizerError>([&] {
               Tokenizer::from_file(dir + "/fifo");
-            }).find("is not a regular file"),
+            }).find("'" + dir + "/fifo' is a FIFO, not a tokenizer file"),
             std::string::npos);
   // {"text": "aaa..."} of exactly kMaxRecordBytes bytes, and one byte longer.
   const std::string frame = jsonl_line("");  // {"text": ""}\n
@@ -288,7 +288,8 @@ TEST(TokenFileFormat, WriteAndReadBack) {
 TEST(TokenFileFormat, CorruptedFilesAreClearErrors) {
   const std::string dir = temp_dir("tfbad");
   const std::vector<std::vector<int32_t>> docs = {{1, 5, 6, 2}, {1, 7, 2}};
-  EXPECT_NE(open_error(dir + "/missing.tok").find("cannot open"), std::string::npos);
+  EXPECT_NE(open_error(dir + "/missing.tok").find("missing.tok' does not exist"),
+            std::string::npos);
 
   corrupt(make_token_file(dir + "/magic.tok", docs), 0, "XXXX");
   EXPECT_NE(open_error(dir + "/magic.tok").find("bad magic"), std::string::npos);
@@ -579,7 +580,7 @@ TEST(Prepare, DataPathsAreCheckedUpFrontNamingTheKey) {
   d.train = dir;
   d.cache_dir = dir + "/cache";
   msg = test::error_of<DataError>([&] { prepare_data(d, 700, 1); });
-  EXPECT_NE(msg.find("is a directory, not a file"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is a directory, not a JSONL file"), std::string::npos) << msg;
 }
 
 TEST(Prepare, OneRecordStaysForTraining) {
@@ -684,7 +685,8 @@ TEST(TokenizerJson, RefusesWhatItDoesNotImplementNamingTheField) {
            Case{"/model/vocab/zzzq", 5, "(duplicate id)"},
            Case{"/model/vocab/zzzq", int64_t{1} << 31, "model.vocab[\"zzzq\"] is not an id"},
            Case{"/model/type", 7, "not a tokenizer.json of the expected shape"},
-           Case{"/added_tokens/3", "<|box_start|>", "not a tokenizer.json of the expected shape"},
+           Case{"/added_tokens/3", "<|box_start|>",
+                "added_tokens holds an entry that is not an object"},
        }) {
     SCOPED_TRACE(c.pointer);
     nlohmann::json changed = original;

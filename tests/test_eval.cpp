@@ -629,6 +629,28 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
   EXPECT_NE(test::read_text(err_file).find("holds something other than a trace"), std::string::npos)
       << test::read_text(err_file);
   EXPECT_EQ(test::read_text(mine), "my notes\n");
+  // Another program's Chrome trace, or notes that look like one, carry no mark of --profile:
+  // refused and kept as well; an empty --profile is refused, not ignored.
+  for (const std::string& text :
+       {std::string(R"([{"name": "a", "ph": "X", "ts": 1, "dur": 2}])"),
+        std::string(R"([{"name": "a", "ph": "X"}, {"name": "my notes"}])")}) {
+    std::ofstream(mine, std::ios::trunc) << text;
+    bench.status =
+        WEXITSTATUS(std::system((std::string(MINIMIND_BENCH_BIN) +
+                                 " --config no-such-config --profile " + mine + " 2>" + err_file)
+                                    .c_str()));
+    EXPECT_EQ(bench.status, 1) << text;
+    EXPECT_NE(test::read_text(err_file).find("holds something other than a trace"),
+              std::string::npos)
+        << test::read_text(err_file);
+    EXPECT_EQ(test::read_text(mine), text);
+  }
+  bench.status = WEXITSTATUS(
+      std::system((std::string(MINIMIND_BENCH_BIN) + " --profile '' 2>" + err_file).c_str()));
+  EXPECT_EQ(bench.status, 1);
+  EXPECT_NE(test::read_text(err_file).find("--profile is empty"), std::string::npos)
+      << test::read_text(err_file);
+  std::ofstream(mine, std::ios::trunc) << "my notes\n";
   for (const std::string& args : {"compare " + *dir_ + "/moe " + *dir_ + "/moe --out " + mine,
                                   "analyze " + *dir_ + "/moe --out " + mine}) {
     const Command c = run(args);
@@ -663,7 +685,17 @@ TEST(Commands, StdoutCarriesOnlyData) {
   const std::string out = test::read_text(dir + "/bench.json");
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_EQ(nlohmann::json::parse(out).at("preset"), "dense") << out;
-  EXPECT_GT(fs::file_size(dir + "/trace.json"), 0u);
+  // The trace is JSON whose first event marks it as --profile's, so a second --profile
+  // replaces it (and only it).
+  const nlohmann::json trace = nlohmann::json::parse(test::read_text(dir + "/trace.json"));
+  ASSERT_TRUE(trace.is_array() && trace.size() > 1) << trace.dump().substr(0, 200);
+  EXPECT_EQ(trace[0].at("args").at("name"), "minimind-bench --profile") << trace[0];
+  ASSERT_EQ(std::system((std::string(MINIMIND_BENCH_BIN) +
+                         " --preset dense --steps 1 --warmup 0 --profile " + dir +
+                         "/trace.json > /dev/null 2>&1")
+                            .c_str()),
+            0);
+  EXPECT_EQ(nlohmann::json::parse(test::read_text(dir + "/trace.json"))[0], trace[0]);
 }
 
 // --breakdown's products alone: with oneDNN running the fp32 products, every product of

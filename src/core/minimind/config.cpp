@@ -47,18 +47,56 @@ double model_memory_bytes(const ModelConfig& m, bool training) {
   return 4.0 * (params * (training ? 4 : 1) + rope);
 }
 
-void check_model_fits_memory(const ModelConfig& m, bool training) {
+MemoryEstimate memory_estimate(const ModelConfig& m, bool training, int64_t rows, int64_t seq_len) {
+  auto d = [](int64_t v) { return static_cast<double>(v); };
+  MemoryEstimate e;
+  e.weights = model_memory_bytes(m, training);
+  const double L = d(m.num_hidden_layers), H = d(m.hidden_size), E = d(m.num_experts);
+  if (m.use_moe) {
+    // tid2eid [V, k] int64 per hash layer.
+    e.routing += d(m.hash_layers) * d(m.vocab_size) * d(m.num_experts_per_tok) * 8;
+    // Quantile balancing: an [E, bins] int64 histogram per layer kept over the step, and
+    // about six more of one layer's while it is made and solved (bincount, cumsum, masks).
+    if (training && m.router_bias_rule == BiasRule::quantile &&
+        m.qb_estimator == QbEstimator::histogram)
+      e.routing += (L + 6) * E * d(m.qb_num_bins) * 8;
+  }
+  // Floats kept per token and layer: the residual, norms, q/k/v/o and attention output
+  // (~8 H), the attention weights over the row (heads x seq_len, twice), and the
+  // feed-forward's gate, up, activation and product for each chosen expert and shared one;
+  // the router's scores (E, three times). Then the logits with their softmax and gradient.
+  const double k = m.use_moe ? d(m.num_experts_per_tok) : 1;
+  const double ffn = m.use_moe ? k * d(m.expert_ffn_size()) +
+                                     d(m.n_shared_experts) * d(m.shared_ffn_size()) + 3 * E
+                               : d(m.ffn_size());
+  const double per_layer = 8 * H + 2 * d(m.num_attention_heads) * d(seq_len) + 4 * ffn;
+  const double tokens = d(rows) * d(seq_len);
+  // Training keeps every layer's activations for the backward; evaluation one layer's.
+  e.activations = 4 * tokens * ((training ? L : 1) * per_layer + 3 * d(m.vocab_size));
+  return e;
+}
+
+void check_model_fits_memory(const ModelConfig& m, bool training, int64_t rows, int64_t seq_len) {
   const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                       static_cast<double>(::sysconf(_SC_PAGE_SIZE));
-  const double need = model_memory_bytes(m, training);
+  const MemoryEstimate e = memory_estimate(m, training, rows, seq_len);
+  const double need = e.total();
   if (have <= 0 || need <= have) return;
   std::ostringstream msg;
-  msg << "config error: model.hidden_size (" << m.hidden_size << "), model.num_hidden_layers ("
-      << m.num_hidden_layers << "), model.vocab_size (" << m.vocab_size
-      << "), model.max_position_embeddings (" << m.max_position_embeddings << ")"
-      << (m.use_moe ? " and the expert keys" : "") << " make a model that needs "
-      << std::setprecision(3) << need / 1e9 << " GB " << (training ? "to train" : "to load")
-      << " before any data, more than this machine's " << have / 1e9 << " GB";
+  msg << std::setprecision(3) << "config error: this config needs " << need / 1e9 << " GB "
+      << (training ? "to train" : "to load") << ", more than this machine's " << have / 1e9
+      << " GB; most of it is ";
+  if (e.routing >= e.weights && e.routing >= e.activations)
+    msg << "the routing tables (" << e.routing / 1e9
+        << " GB: model.qb_num_bins, model.num_experts, model.hash_layers, model.vocab_size)";
+  else if (e.activations >= e.weights)
+    msg << "the activations of a micro-batch of train.batch_size (" << rows
+        << ") x data.max_seq_len (" << seq_len << ") tokens (" << e.activations / 1e9 << " GB)";
+  else
+    msg << "the model (" << e.weights / 1e9 << " GB: model.hidden_size (" << m.hidden_size
+        << "), model.num_hidden_layers (" << m.num_hidden_layers << "), model.vocab_size ("
+        << m.vocab_size << "), model.max_position_embeddings (" << m.max_position_embeddings << ")"
+        << (m.use_moe ? " and the expert keys" : "") << ")";
   throw ConfigError(msg.str(), "check these keys for a typo");
 }
 
@@ -137,6 +175,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, init_mode),
       MM_FIELD(train, upcycle_drop),
       MM_FIELD(train, upcycle_scaling),
+      MM_FIELD(train, init_other_tokenizer),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
@@ -193,6 +232,12 @@ class Checker {
   void positive(const std::string& key, int64_t v) const {
     if (v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
   }
+  // A size: an integer from 1 to `max` (bounds that keep every product of sizes far from
+  // int64's range; the memory estimate judges what lies within them).
+  void size(const std::string& key, int64_t v, int64_t max) const {
+    if (v <= 0 || v > max)
+      fail(key, "must be from 1 to " + std::to_string(max) + ", got " + std::to_string(v));
+  }
   void non_negative(const std::string& key, int64_t v) const {
     if (v < 0) fail(key, "must be >= 0, got " + std::to_string(v));
   }
@@ -219,8 +264,9 @@ class Checker {
 // Quantile balancing's keys, and what it cannot be combined with (the constraints Megatron-LM
 // states for it, and the histogram's range).
 void validate_quantile_balancing(const Checker& c, const ModelConfig& m) {
-  if (m.qb_num_bins < 2)
-    c.fail("model.qb_num_bins", "must be >= 2, got " + std::to_string(m.qb_num_bins));
+  if (m.qb_num_bins < 2 || m.qb_num_bins > kMaxSize.qb_bins)
+    c.fail("model.qb_num_bins", "must be from 2 to " + std::to_string(kMaxSize.qb_bins) + ", got " +
+                                    std::to_string(m.qb_num_bins));
   c.in_range("model.qb_ema", m.qb_ema, 0.0, 1.0, true);
   const ModelConfig defaults;
   if (m.router_bias_rule != BiasRule::quantile) {
@@ -265,9 +311,15 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
   c.non_negative_real("model.router_bias_update_rate", m.router_bias_update_rate);
   c.non_negative_real("model.capacity_factor", m.capacity_factor);
   c.non_negative("model.n_shared_experts", m.n_shared_experts);
-  c.positive_real("model.routed_scaling_factor", m.routed_scaling_factor);
+  if (m.n_shared_experts > kMaxSize.experts)
+    c.fail("model.n_shared_experts", "must be at most " + std::to_string(kMaxSize.experts) +
+                                         ", got " + std::to_string(m.n_shared_experts));
+  // The routed experts' weights times this: beyond 1e3 (V4 uses 1.5) the feed-forward's
+  // output overflows what training can recover from, or float32 itself.
+  c.in_range("model.routed_scaling_factor", m.routed_scaling_factor, 1e-3, 1e3, false);
   if (m.shared_expert_intermediate_size)
-    c.positive("model.shared_expert_intermediate_size", *m.shared_expert_intermediate_size);
+    c.size("model.shared_expert_intermediate_size", *m.shared_expert_intermediate_size,
+           kMaxSize.ffn);
 
   // Keys that change a MoE layer mean nothing in a dense model.
   const std::vector<std::pair<const char*, bool>> moe_only = {
@@ -322,14 +374,15 @@ void validate_balancing(const Checker& c, ModelConfig& m) {
 }
 
 void validate_model(const Checker& c, ModelConfig& m) {
-  c.positive("model.hidden_size", m.hidden_size);
-  c.positive("model.num_hidden_layers", m.num_hidden_layers);
-  c.positive("model.num_attention_heads", m.num_attention_heads);
-  c.positive("model.num_key_value_heads", m.num_key_value_heads);
-  c.positive("model.max_position_embeddings", m.max_position_embeddings);
+  c.size("model.hidden_size", m.hidden_size, kMaxSize.hidden);
+  c.size("model.num_hidden_layers", m.num_hidden_layers, kMaxSize.layers);
+  c.size("model.num_attention_heads", m.num_attention_heads, kMaxSize.heads);
+  c.size("model.num_key_value_heads", m.num_key_value_heads, kMaxSize.heads);
+  c.size("model.max_position_embeddings", m.max_position_embeddings, kMaxSize.positions);
   if (m.vocab_size < 3)
     c.fail("model.vocab_size",
            "must be >= 3 (ids 0/1/2 are pad/bos/eos), got " + std::to_string(m.vocab_size));
+  c.size("model.vocab_size", m.vocab_size, kMaxSize.vocab);
   if (m.hidden_size % m.num_attention_heads != 0)
     c.fail("model.hidden_size", std::to_string(m.hidden_size) +
                                     " is not divisible by model.num_attention_heads (" +
@@ -348,9 +401,10 @@ void validate_model(const Checker& c, ModelConfig& m) {
     c.fail("model.hidden_act",
            "only \"silu\" is supported (MiniMind's), got \"" + m.hidden_act + "\"");
   c.in_range("model.dropout", m.dropout, 0.0, 1.0, true);
-  if (m.intermediate_size) c.positive("model.intermediate_size", *m.intermediate_size);
-  if (m.moe_intermediate_size) c.positive("model.moe_intermediate_size", *m.moe_intermediate_size);
-  c.positive("model.num_experts", m.num_experts);
+  if (m.intermediate_size) c.size("model.intermediate_size", *m.intermediate_size, kMaxSize.ffn);
+  if (m.moe_intermediate_size)
+    c.size("model.moe_intermediate_size", *m.moe_intermediate_size, kMaxSize.ffn);
+  c.size("model.num_experts", m.num_experts, kMaxSize.experts);
   c.positive("model.num_experts_per_tok", m.num_experts_per_tok);
   if (m.num_experts_per_tok > m.num_experts)
     c.fail("model.num_experts_per_tok", std::to_string(m.num_experts_per_tok) +
@@ -370,8 +424,9 @@ void validate_data(const Checker& c, const Config& cfg) {
   if (d.train.empty()) c.fail("data.train", "must name a JSONL corpus");
   c.in_range("data.val_fraction", d.val_fraction, 0.0, 1.0, true);
   // pad mode needs room for bos + eos + one token.
-  if (d.max_seq_len < 3)
-    c.fail("data.max_seq_len", "must be >= 3, got " + std::to_string(d.max_seq_len));
+  if (d.max_seq_len < 3 || d.max_seq_len > kMaxSize.positions)
+    c.fail("data.max_seq_len", "must be from 3 to " + std::to_string(kMaxSize.positions) +
+                                   ", got " + std::to_string(d.max_seq_len));
   if (d.max_seq_len > cfg.model.max_position_embeddings)
     c.fail("data.max_seq_len", std::to_string(d.max_seq_len) +
                                    " exceeds model.max_position_embeddings (" +
@@ -387,7 +442,7 @@ void validate_data(const Checker& c, const Config& cfg) {
 }
 
 void validate_train(const Checker& c, const TrainConfig& t) {
-  c.positive("train.batch_size", t.batch_size);
+  c.size("train.batch_size", t.batch_size, kMaxSize.batch);
   c.positive("train.accumulation_steps", t.accumulation_steps);
   c.positive("train.max_steps", t.max_steps);
   c.positive_real("train.learning_rate", t.learning_rate);
@@ -414,6 +469,10 @@ void validate_train(const Checker& c, const TrainConfig& t) {
     c.fail("train.upcycle_drop",
            "re-initialises upcycled experts: it needs train.init_mode: "
            "upcycle");
+  if (t.init_other_tokenizer && t.init_from.empty())
+    c.fail("train.init_other_tokenizer",
+           "says data.tokenizer replaces train.init_from's "
+           "tokenizer, but train.init_from is empty");
   if (t.upcycle_scaling && t.init_mode != "upcycle")
     c.fail("train.upcycle_scaling", "scales upcycled experts: it needs train.init_mode: upcycle");
 }

@@ -99,9 +99,30 @@ int64_t default_intermediate_size(int64_t hidden_size);
 // gradients and AdamW's two moments) and the RoPE tables. In doubles, so that absurd sizes
 // do not wrap around.
 double model_memory_bytes(const ModelConfig& m, bool training);
-// ConfigError naming the keys that size the model when it needs more than this machine's
-// memory (a typo such as num_hidden_layers: 100000000 otherwise ends in the OOM killer).
-void check_model_fits_memory(const ModelConfig& m, bool training);
+// The largest value of each size key (docs/configuration.md, "Ranges"): far above any
+// model this tool trains on a CPU, and low enough that no product of sizes overflows.
+struct MaxSizes {
+  int64_t hidden = 65536, layers = 1024, heads = 1024, positions = 1 << 20, vocab = 1 << 24,
+          ffn = 1 << 20, experts = 4096, qb_bins = 100000, batch = 1 << 20;
+};
+inline constexpr MaxSizes kMaxSize{};
+
+// What a run holds in memory at its peak, in bytes (doubles: absurd sizes do not wrap
+// around). An estimate that errs large, for refusing configs that cannot fit and for the
+// start-up line; docs/configuration.md ("Memory") gives the formulas.
+struct MemoryEstimate {
+  double weights = 0;      // model_memory_bytes: weights (training: + gradients, AdamW moments)
+  double routing = 0;      // hash-layer tables; quantile balancing's histograms (training)
+  double activations = 0;  // one micro-batch of `rows` x `seq_len` tokens through the model
+  double total() const { return weights + routing + activations; }
+};
+MemoryEstimate memory_estimate(const ModelConfig& m, bool training, int64_t rows = 0,
+                               int64_t seq_len = 0);
+// ConfigError naming the keys behind the largest part when the estimate exceeds this
+// machine's memory (a typo such as num_hidden_layers: 100000000 otherwise ends in the OOM
+// killer, or in an allocation failure after the run directory was written).
+void check_model_fits_memory(const ModelConfig& m, bool training, int64_t rows = 0,
+                             int64_t seq_len = 0);
 
 struct DataConfig {
   std::string train = "data/austen.jsonl";
@@ -143,6 +164,9 @@ struct TrainConfig {
   // He et al. 2024's output scaling of upcycled experts: the feed-forward's output at tied
   // router scores equals the dense one (needed by fine-grained experts; weights_io.h).
   bool upcycle_scaling = false;
+  // init_from with a data.tokenizer other than the one its weights were trained with (their
+  // run's copy): refused unless this says it is meant (the weights' ids then mean other text).
+  bool init_other_tokenizer = false;
 };
 
 struct LogConfig {

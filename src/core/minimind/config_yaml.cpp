@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "minimind/config.h"
+#include "minimind/util/input_file.h"
 
 namespace fs = std::filesystem;
 
@@ -225,10 +226,9 @@ std::string base_of(const YAML::Node& root, const std::string& path) {
 // A file over its base (and its base's base): the base's values first, then this file's.
 // chain: the files being loaded, outermost first, to name a cycle.
 Config load_file(const std::string& path, std::vector<std::string>& chain) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError("config error: cannot read config file '" + path + "'");
+  InputFile in = open_input<ConfigError>(path, "config error: config file", "a YAML file");
   std::stringstream text;
-  text << in.rdbuf();
+  text << in.read_all();
   const std::string id = fs::weakly_canonical(fs::absolute(path)).string();
   for (const auto& c : chain)
     if (fs::weakly_canonical(fs::absolute(c)).string() == id) {

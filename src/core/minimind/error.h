@@ -64,8 +64,13 @@ class Interrupted : public Error {
 // The first line of an exception text (LibTorch's carry backtraces), at most max_chars long.
 std::string first_line(const std::string& what, size_t max_chars = std::string::npos);
 
+// Whether an exception text is LibTorch's CPU allocator failing (run_main reports it as out
+// of memory, not as an unexpected error).
+bool is_out_of_memory(const std::string& what);
+
 // The body of a main: runs it and turns any exception into one error line on the default
-// logger ("unexpected error: ..." for anything that is not an Error) and exit status 1;
+// logger ("unexpected error: ..." for anything that is not an Error, "out of memory: ..." for
+// a failed allocation) and exit status 1;
 // an Interrupted is a warning and exit status 128 + its signal (130 for Ctrl-C).
 int run_main(const std::function<int()>& body);
 

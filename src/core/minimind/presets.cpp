@@ -7,6 +7,7 @@
 
 #include "minimind/config.h"
 #include "minimind/error.h"
+#include "minimind/util/output_path.h"
 
 namespace fs = std::filesystem;
 
@@ -53,6 +54,9 @@ std::string find_config_file(const std::string& arg) {
   if (fs::is_regular_file(arg, ec)) return arg;
   if (fs::is_directory(arg, ec))
     throw ConfigError("config error: '" + arg + "' is a directory, not a YAML config file");
+  if (fs::exists(arg, ec))  // a FIFO, device or socket: never opened (it could block)
+    throw ConfigError("config error: '" + arg + "' is " + path_kind(arg) +
+                      ", not a YAML config file");
   // A bare name (no directory part) may be a preset: "moe" or "moe.yaml".
   const fs::path p(arg);
   std::string names;

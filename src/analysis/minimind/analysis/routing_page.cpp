@@ -9,6 +9,7 @@
 
 #include "minimind/analysis/charts.h"
 #include "minimind/error.h"
+#include "minimind/util/input_file.h"
 
 namespace minimind {
 namespace {
@@ -239,8 +240,8 @@ std::string render_analysis_page(const RoutingAnalysis& a) {
 std::optional<RoutingAnalysis> read_analysis(const std::string& run_dir) {
   const std::string path = run_dir + "/analysis.json";
   if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string text = open_input<DataError>(path, "routing analysis").read_all();
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw DataError("'" + path + "' is not valid JSON");
   try {
     return j.get<RoutingAnalysis>();

@@ -20,7 +20,13 @@ namespace fs = std::filesystem;
 namespace minimind {
 namespace {
 
-std::string kind_of(mode_t mode) {
+bool ends_in_slash(const std::string& path) {
+  return path.size() > 1 && path.back() == '/';
+}
+
+}  // namespace
+
+std::string kind_of_mode(mode_t mode) {
   if (S_ISREG(mode)) return "a file";
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISCHR(mode)) return "a character device";
@@ -30,16 +36,10 @@ std::string kind_of(mode_t mode) {
   return "not a file";
 }
 
-bool ends_in_slash(const std::string& path) {
-  return path.size() > 1 && path.back() == '/';
-}
-
-}  // namespace
-
 std::string path_kind(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";
-  return kind_of(st.st_mode);
+  return kind_of_mode(st.st_mode);
 }
 
 std::string resolved_path(const std::string& path) {

@@ -15,6 +15,8 @@ namespace minimind {
 // What is at path (following symlinks): "" when nothing, else "a file", "a directory",
 // "a character device", "a block device", "a FIFO", "a socket".
 std::string path_kind(const std::string& path);
+// The same words for a stat() mode.
+std::string kind_of_mode(mode_t mode);
 
 // path as an absolute, normalised path without a trailing slash, with symlinks of the
 // part that exists resolved (fs::weakly_canonical): the form the checks below compare.

@@ -188,29 +188,51 @@ std::shared_ptr<const ByteLevelBpe> ByteLevelBpe::read(const nlohmann::json& j,
              "has id " + std::to_string(at->first) + ", which \"" + at->second.first +
                  "\" has too (duplicate id)");
   }
-  for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-    const std::string content = a.value("content", std::string());
-    const int64_t id = a.value("id", int64_t{-1});
-    if (content.empty() || id < 0 || id >= kMaxTokens)
-      refuse(source, "added_tokens", "holds an entry without content or id (0 to 2^24 - 1)");
-    for (const char* flag : {"lstrip", "rstrip", "single_word"})
-      if (a.value(flag, false))
-        refuse(source, "added_tokens[" + std::to_string(id) + "]." + flag, "is true");
-    auto& slot = by_id[static_cast<int32_t>(id)];
-    if (!slot.first.empty() && slot.first != content)
-      refuse(source, "added_tokens[" + std::to_string(id) + "]",
-             "gives id " + std::to_string(id) + " to '" + content + "', the vocabulary to '" +
-                 slot.first + "'");
-    slot = {content, static_cast<uint8_t>(a.value("special", false) ? 2 : 1)};
-    // Absent, "normalized" is what the Rust library's AddedToken::from gives: !special.
-    const bool normalized = a.value("normalized", !a.value("special", false));
-    t->added_[normalized].emplace_back(content, static_cast<int32_t>(id));
-  }
-  const int32_t size = by_id.rbegin()->first + 1;
-  if (static_cast<size_t>(size) != by_id.size())
+  const int32_t model_size = by_id.empty() ? 0 : by_id.rbegin()->first + 1;
+  if (static_cast<size_t>(model_size) != by_id.size())
     refuse(source, "model.vocab",
            "leaves ids unused (" + std::to_string(by_id.size()) + " tokens, ids up to " +
-               std::to_string(size - 1) + ")");
+               std::to_string(model_size - 1) + ")");
+  // Added tokens take their ids as the Rust library gives them when it loads the file
+  // (AddedVocabulary::add_tokens): a text already in the vocabulary, or added before, keeps
+  // that id (the file's id for it names nothing then); any other takes the next id after the
+  // vocabulary and the added tokens so far. The ids a file states are that sequence in every
+  // file the library writes.
+  std::unordered_map<std::string, int32_t> id_of_text;
+  for (const auto& [id, entry] : by_id) id_of_text.emplace(entry.first, id);
+  int32_t max_added = -1;
+  for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
+    if (!a.is_object()) refuse(source, "added_tokens", "holds an entry that is not an object");
+    const nlohmann::json content_json = a.value("content", nlohmann::json());
+    const nlohmann::json id_json = a.value("id", nlohmann::json());
+    if (!content_json.is_string() || content_json.get<std::string>().empty() ||
+        !id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
+        id_json.get<int64_t>() >= kMaxTokens)
+      refuse(source, "added_tokens", "holds an entry without content or id (0 to 2^24 - 1)");
+    const std::string content = content_json.get<std::string>();
+    const int64_t file_id = id_json.get<int64_t>();
+    for (const char* flag : {"lstrip", "rstrip", "single_word"})
+      if (a.value(flag, false))
+        refuse(source, "added_tokens[" + std::to_string(file_id) + "]." + flag, "is true");
+    const auto known = id_of_text.find(content);
+    const bool again = known != id_of_text.end() && by_id.at(known->second).second != 0;
+    int32_t id = 0;
+    if (known != id_of_text.end()) {
+      id = known->second;
+    } else {
+      id = max_added >= model_size ? max_added + 1 : model_size;
+      if (id >= kMaxTokens) refuse(source, "added_tokens", "gives more than 2^24 ids");
+      id_of_text.emplace(content, id);
+      by_id[id] = {content, 0};
+    }
+    max_added = std::max(max_added, id);
+    if (again) continue;  // the first entry for a text decides its kind, as in the library
+    by_id[id].second = static_cast<uint8_t>(a.value("special", false) ? 2 : 1);
+    // Absent, "normalized" is what the Rust library's AddedToken::from gives: !special.
+    const bool normalized = a.value("normalized", !a.value("special", false));
+    t->added_[normalized].emplace_back(content, id);
+  }
+  const int32_t size = by_id.rbegin()->first + 1;
   t->tokens_.resize(static_cast<size_t>(size));
   t->added_kind_.resize(static_cast<size_t>(size));
   for (const auto& [id, entry] : by_id) {

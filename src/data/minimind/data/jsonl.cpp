@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "minimind/util/input_file.h"
 
 namespace minimind {
 
@@ -60,61 +61,11 @@ std::string CorpusStats::summary(const std::string& path) const {
   return s;
 }
 
-namespace {
-
-// Lines of a file read in 1 MiB blocks, each kept up to a limit: a line without an end (a
-// device, a file of one huge record) never grows a string past it.
-class LineReader {
- public:
-  explicit LineReader(std::ifstream& in) : in_(in), buf_(1 << 20) {}
-  // The next line without its '\n', cut at `limit` bytes (`cut` tells); false at the end.
-  bool next(std::string& line, size_t limit, bool& cut) {
-    line.clear();
-    cut = false;
-    bool any = false;
-    for (;;) {
-      if (pos_ == end_) {
-        in_.read(buf_.data(), static_cast<std::streamsize>(buf_.size()));
-        end_ = static_cast<size_t>(in_.gcount()), pos_ = 0;
-        if (end_ == 0) return any;
-      }
-      any = true;
-      const char* begin = buf_.data() + pos_;
-      const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', end_ - pos_));
-      const size_t n = nl ? static_cast<size_t>(nl - begin) : end_ - pos_;
-      const size_t keep = std::min(n, limit - std::min(limit, line.size()));
-      cut |= keep < n;
-      line.append(begin, keep);
-      pos_ += n;
-      if (nl) {
-        ++pos_;
-        return true;
-      }
-    }
-  }
-
- private:
-  std::ifstream& in_;
-  std::vector<char> buf_;
-  size_t pos_ = 0, end_ = 0;
-};
-
-}  // namespace
-
 CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
                         const std::function<void(std::string_view, int64_t)>& on_record,
                         spdlog::logger& log) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (!fs::exists(status)) throw DataError("cannot read corpus '" + path + "' (missing file?)");
   // A device or FIFO never ends (/dev/zero) or blocks (a pipe nobody writes).
-  if (!fs::is_regular_file(status))
-    throw DataError("corpus '" + path + "' is " +
-                    (fs::is_directory(status) ? "a directory" : "not a regular file") +
-                    ", not a JSONL file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot read corpus '" + path + "' (missing file?)");
+  InputFile in = open_input<DataError>(path, "corpus", "a JSONL file");
   CorpusStats stats;
   int warned = 0;
   auto skip = [&](int64_t line, const std::string& reason) {

@@ -18,6 +18,7 @@
 #include "minimind/data/jsonl.h"
 #include "minimind/data/tokenizer.h"
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/input_file.h"
 #include "minimind/util/mix64.h"
 #include "minimind/util/stop_flag.h"
 #include "minimind/util/stopwatch.h"
@@ -54,18 +55,8 @@ constexpr int kTokenizerRecipe = 1;
 // The most text the tokenizer is trained on (see prepare_data).
 constexpr uint64_t kTokenizerSampleBytes = 32u << 20;
 
-// Opens an input file, or throws DataError naming it (`what`: "corpus", ...).
-std::ifstream open_input(const std::string& path, const char* what) {
-  if (fs::is_directory(path))
-    throw DataError(std::string(what) + " '" + path + "' is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(std::string("cannot read ") + what + " '" + path + "' (missing file?)");
-  return in;
-}
-
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in = open_input(path, what);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return open_input<DataError>(path, what).read_all();
 }
 
 // A 128-bit content key over several parts, each length-prefixed: byte strings, or files
@@ -83,11 +74,11 @@ class KeyBuilder {
     return *this;
   }
   KeyBuilder& add_file(const std::string& path, const char* what) {
-    std::ifstream in = open_input(path, what);
-    prefix(fs::file_size(path));
+    InputFile in = open_input<DataError>(path, what);
+    prefix(in.size());
     std::vector<char> buf(1 << 20);
-    while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
-      XXH3_128bits_update(st_, buf.data(), static_cast<size_t>(in.gcount()));
+    while (const size_t n = in.read(buf.data(), buf.size()))
+      XXH3_128bits_update(st_, buf.data(), n);
     return *this;
   }
   SourceKey key() const {
@@ -284,8 +275,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   PreparedData out;
   // The corpus is streamed: hashed once for the cache keys, then read record by record
   // (a count, a tokenizer sample, the tokenisation), never held in memory whole.
-  open_input(data.train, "corpus");
-  if (!data.val.empty()) open_input(data.val, "validation corpus");
+  open_input<DataError>(data.train, "corpus", "a JSONL file");
+  if (!data.val.empty()) open_input<DataError>(data.val, "validation corpus", "a JSONL file");
   const std::string split = data.val.empty() ? "fraction " + std::to_string(data.val_fraction)
                                              : "file " + std::to_string(fs::file_size(data.val));
   fs::create_directories(fs::path(data.cache_dir) / "tokenizers");

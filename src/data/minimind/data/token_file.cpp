@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/input_file.h"
 
 namespace minimind {
 namespace {
@@ -96,19 +97,13 @@ void TokenFileWriter::finish() {
 }
 
 TokenFile TokenFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw DataError("cannot open token file '" + path + "'");
-  struct stat st {};
-  fstat(fd, &st);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const InputFile file = open_input<DataError>(path, "token file");
+  const uint64_t size = file.size();
   const std::string hint = "; delete it and run again to re-prepare the data";
-  if (size < sizeof(Header)) {
-    ::close(fd);
+  if (size < sizeof(Header))
     throw DataError("token file '" + path + "' is truncated (" + std::to_string(size) + " bytes)" +
                     hint);
-  }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (map == MAP_FAILED) throw DataError("cannot map token file '" + path + "'");
 
   TokenFile f;

@@ -14,6 +14,7 @@
 
 #include "minimind/config.h"  // program_dir
 #include "minimind/data/spm_shim.h"
+#include "minimind/util/input_file.h"
 
 namespace minimind {
 namespace {
@@ -85,25 +86,54 @@ namespace {
 // object with "content"); empty when it names none of them.
 std::vector<std::string> special_names_beside(const std::filesystem::path& tokenizer_json) {
   const std::filesystem::path config = tokenizer_json.parent_path() / "tokenizer_config.json";
-  std::ifstream in(config);
-  if (!in) return {};
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(config, ec))) return {};
+  const std::string text =
+      open_input<TokenizerError>(config.string(), "tokenizer config", "a JSON file").read_all();
+  return special_names_of_config(text, config.string());
+}
+
+}  // namespace
+
+std::vector<std::string> special_names_of_config(const std::string& text,
+                                                 const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw TokenizerError("'" + config.string() + "' is not valid JSON (" + e.what() + ")");
+    throw TokenizerError("'" + source + "' is not valid JSON (" + first_line(e.what()) + ")");
   }
+  if (!j.is_object())
+    throw TokenizerError("'" + source + "' holds JSON " + j.type_name() + ", not an object",
+                         "a tokenizer_config.json is an object such as {\"eos_token\": "
+                         "\"<|im_end|>\"}");
+  // As transformers reads them: a token's name, an AddedToken object with its "content", or
+  // null (none). Anything else is a mistake in the file, not a name to guess.
   std::vector<std::string> names;
   for (const char* key : {"pad_token", "bos_token", "eos_token"}) {
-    const nlohmann::json v = j.value(key, nlohmann::json());
-    names.push_back(v.is_string()   ? v.get<std::string>()
-                    : v.is_object() ? v.value("content", std::string())
-                                    : std::string());
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      names.emplace_back();
+      continue;
+    }
+    const nlohmann::json& v = *it;
+    if (v.is_string()) {
+      names.push_back(v.get<std::string>());
+    } else if (v.is_object() && v.contains("content") && v.at("content").is_string()) {
+      names.push_back(v.at("content").get<std::string>());
+    } else {
+      throw TokenizerError(
+          "'" + source + "': " + key + " is " +
+              (v.is_object() ? std::string("an object without a string \"content\"")
+                             : "JSON " + std::string(v.type_name()) + " (" + v.dump() + ")") +
+              ", not a token's name",
+          std::string("give the token's text, e.g. \"") + key + "\": \"<|im_end|>\", or null");
+    }
   }
   return names;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 std::string run_tokenizer_file(const std::string& run_dir) {
   for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
@@ -121,9 +151,10 @@ const char* const kTokenizerKinds =
 }  // namespace
 
 std::string run_tokenizer_name(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  InputFile in = open_input<TokenizerError>(path, "tokenizer", "a tokenizer file");
+  std::istream& s = in.stream();
   char c = 0;
-  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  while (s.get(c) && std::isspace(static_cast<unsigned char>(c))) {
   }
   return c == '{' ? "tokenizer.json" : "tokenizer.model";
 }
@@ -131,7 +162,21 @@ std::string run_tokenizer_name(const std::string& path) {
 Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& source,
                                 const std::vector<std::string>& special_names) {
   Tokenizer t;
+  // A sentencepiece model is protobuf (its first byte 0x0A); these are JSON that no
+  // tokenizer.json reader takes, and would otherwise be reported as broken protobuf.
+  if (model_bytes.rfind("\xEF\xBB\xBF", 0) == 0)
+    throw TokenizerError("tokenizer '" + source +
+                             "' begins with a UTF-8 byte-order mark: a tokenizer.json must "
+                             "begin with '{' (Hugging Face's library refuses the mark as well)",
+                         "save the file without the mark, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' "
+                         "FILE");
   const size_t first = model_bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (model_bytes[first] == '[' || model_bytes[first] == '"') &&
+      nlohmann::json::accept(model_bytes))
+    throw TokenizerError("tokenizer '" + source + "' holds a JSON " +
+                             (model_bytes[first] == '[' ? "array" : "string") +
+                             ", not a tokenizer.json (a JSON object with \"model\")",
+                         kTokenizerKinds);
   if (first != std::string::npos && model_bytes[first] == '{') {
     t.bpe_ = ByteLevelBpe::from_json(model_bytes, source);
     // pad, bos, eos by name, at whatever ids the file gives them; MiniMind's name for a
@@ -166,20 +211,10 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& sour
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status))
-    throw TokenizerError("cannot read tokenizer model '" + path + "' (missing file?)");
   // A device or FIFO would be read without end or block (/dev/zero, a pipe).
-  if (!std::filesystem::is_regular_file(status))
-    throw TokenizerError(
-        "tokenizer model '" + path + "' is " +
-            (std::filesystem::is_directory(status) ? "a directory" : "not a regular file") +
-            ", not a tokenizer file",
-        kTokenizerKinds);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TokenizerError("cannot read tokenizer model '" + path + "'");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes =
+      open_input<TokenizerError>(path, "tokenizer model", "a tokenizer file", kTokenizerKinds)
+          .read_all();
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first == std::string::npos)
     throw TokenizerError("tokenizer '" + path + "' is empty", kTokenizerKinds);

@@ -45,6 +45,12 @@ enum class PieceType : int32_t {
   byte = 6,  // byte fallback, "<0x0A>"
 };
 
+// The pad, bos and eos names a tokenizer_config.json's text gives (pad_token, bos_token,
+// eos_token: a name, an object with a string "content", or null; "" where none). Anything
+// else is a TokenizerError naming the field and `source` (the file).
+std::vector<std::string> special_names_of_config(const std::string& text,
+                                                 const std::string& source);
+
 class Tokenizer {
  public:
   // From a file's bytes (a .model or a tokenizer.json). A tokenizer.json's pad, bos and eos

@@ -37,7 +37,16 @@ WeightsSource find_weights(const std::string& path) {
                           "give a run directory such as runs/moe, one of its "
                           "checkpoints/step_N directories, or a .pth file with --config");
   }
-  const TrainState state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
+  TrainState state;
+  try {
+    state = read_checkpoint_state(ckpt);  // refuses incomplete / other versions
+  } catch (const CheckpointError& e) {
+    // Its hint speaks of resuming the checkpoint's own run; here it is only read.
+    throw CheckpointError(e.message(),
+                          "the checkpoint was not written whole or was changed: give another "
+                          "checkpoint of its run (under its checkpoints/), or its model.pth "
+                          "with --config naming the model");
+  }
   w.step = state.step;
   w.config = load_config_string(state.config_yaml, ckpt + "/state.json");
   w.run_dir = fs::path(ckpt).parent_path().parent_path().string();
@@ -91,7 +100,8 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   load_weights(m.model, m.weights);
 
   std::string tok = tokenizer_path;
-  if (tok.empty() && !m.run_dir.empty()) tok = run_tokenizer_file(m.run_dir);
+  const std::string own = m.run_dir.empty() ? std::string() : run_tokenizer_file(m.run_dir);
+  if (tok.empty()) tok = own;
   if (tok.empty()) tok = m.config.data.tokenizer;
   if (tok.empty()) {
     if (need_tokenizer)
@@ -102,6 +112,13 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
   }
   m.tokenizer = Tokenizer::from_file(tok);
   m.tokenizer->check_vocab_size(m.config.model.vocab_size);
+  // The run's weights know only its own tokenizer's ids (its validation split is tokenised
+  // with it too): another one is a mistake, the same one (a copy) is fine.
+  if (tok != own && !own.empty() &&
+      m.tokenizer->model_bytes() != Tokenizer::from_file(own).model_bytes())
+    throw TokenizerError("--tokenizer '" + tok + "' is another tokenizer than the run's own '" +
+                             own + "', which its weights were trained with",
+                         "leave out --tokenizer: the run's own tokenizer is used");
   return m;
 }
 

@@ -1,5 +1,6 @@
 #include "minimind/model/weights_io.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/serialization/import_read.h>
@@ -17,6 +18,7 @@
 #include <sstream>
 
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/input_file.h"
 #include "minimind/util/zip_check.h"
 
 namespace minimind {
@@ -54,7 +56,7 @@ namespace {
 // the zip reader reports as a corrupt archive.
 class BoundedBytes final : public caffe2::serialize::ReadAdapterInterface {
  public:
-  explicit BoundedBytes(std::vector<char> bytes) : bytes_(std::move(bytes)) {}
+  explicit BoundedBytes(std::string bytes) : bytes_(std::move(bytes)) {}
   size_t size() const override { return bytes_.size(); }
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
     if (pos >= bytes_.size()) return 0;
@@ -64,21 +66,42 @@ class BoundedBytes final : public caffe2::serialize::ReadAdapterInterface {
   }
 
  private:
-  std::vector<char> bytes_;
+  std::string bytes_;
 };
+
+// A file's first bytes for a message: up to 16, each shown as itself or as \xNN.
+std::string printable_head(const std::string& bytes) {
+  std::string out = "\"";
+  for (size_t i = 0; i < bytes.size() && i < 16; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    out += c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? std::string(1, static_cast<char>(c))
+                                                          : fmt::format("\\x{:02X}", c);
+  }
+  return out + (bytes.size() > 16 ? "...\"" : "\"");
+}
 
 }  // namespace
 
 c10::IValue read_pickle(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw WeightsError("cannot read '" + path + "' (missing file?)");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes =
+      open_input<WeightsError>(path, "weights file", "a file written by torch.save").read_all();
+  // torch.save writes a zip archive (PyTorch 1.6 and later), which begins with a local header.
+  if (bytes.rfind("PK\x03\x04", 0) != 0)
+    throw WeightsError("'" + path +
+                           "' is not a file written by torch.save: it does not begin as a zip "
+                           "archive (" +
+                           (bytes.empty() ? std::string("it is empty")
+                                          : "its first bytes are " + printable_head(bytes)) +
+                           ")",
+                       "give a .pth file written by torch.save (PyTorch 1.6 or later), a run "
+                       "directory or one of its checkpoints/step_N directories");
   // LibTorch's reader does not check the entries' CRCs: a damaged block would load as
   // whatever its bytes read as (NaN weights, say).
   if (const std::string damage = zip_damage(std::string_view(bytes.data(), bytes.size()));
       !damage.empty())
     throw WeightsError("'" + path + "' is damaged: " + damage,
-                       "restore it from a copy, or use the checkpoint before it");
+                       "restore it from a copy (in a run directory, an earlier checkpoint under "
+                       "checkpoints/ may be whole)");
   try {
     // What torch::pickle_load does, with the bounds-checked reader above.
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedBytes>(std::move(bytes)));
@@ -149,6 +172,15 @@ void load_mapped(MiniMindForCausalLM& model, const std::map<std::string, torch::
     } else if (it->second.is_floating_point() != t.is_floating_point()) {
       problems.push_back(from.name + (t.is_floating_point() ? " is not a floating-point tensor"
                                                             : " is not an integer tensor"));
+    } else if (!t.is_floating_point() && name.size() > 8 &&
+               name.compare(name.size() - 8, 8, ".tid2eid") == 0 && it->second.numel() > 0) {
+      // A hash layer's table of expert ids: an id outside the experts would index past them.
+      const int64_t lo = it->second.min().item<int64_t>(), hi = it->second.max().item<int64_t>();
+      const int64_t E = model->config().num_experts;
+      if (lo < 0 || hi >= E)
+        problems.push_back(from.name + " holds expert id " + std::to_string(lo < 0 ? lo : hi) +
+                           ", outside the model's " + std::to_string(E) + " experts (0-" +
+                           std::to_string(E - 1) + ")");
     }
   }
   for (const auto& [name, t] : file)
@@ -267,6 +299,11 @@ UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string&
         fmt::format("a token must choose whole groups of {} slices (a learned router "
                     "and num_experts_per_tok a multiple of {})",
                     G, G));
+  if (G > 1 && c.hash_layers > 0)
+    why.push_back(
+        fmt::format("the {} hash-routed layers choose experts by token id, not whole "
+                    "groups of {} slices",
+                    c.hash_layers, G));
   if (!scaling && (G > 1 || n_s > 0))
     why.push_back(G > 1 ? "sliced experts need train.upcycle_scaling to add up to the dense "
                           "output"
@@ -319,7 +356,45 @@ UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string&
   return plan;
 }
 
-void drop_upcycle(MiniMindForCausalLM& model, double ratio) {
+double upcycled_output_gap(MiniMindForCausalLM& moe, const std::string& dense_path) {
+  // The dense twin: the same sizes without experts (its feed-forward is intermediate_size
+  // wide, the width the upcycled experts were cut from).
+  ModelConfig dense_cfg = moe->config();
+  const ModelConfig defaults;
+  dense_cfg.use_moe = false;
+  dense_cfg.router = defaults.router;
+  dense_cfg.hash_layers = 0;
+  dense_cfg.hash_table = defaults.hash_table;
+  MiniMindForCausalLM dense(dense_cfg);
+  load_weights(dense, dense_path);
+
+  torch::NoGradGuard no_grad;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  at::Generator probe_gen = at::detail::createCPUGenerator(20240917);
+  const int64_t T = std::min<int64_t>(32, dense_cfg.max_position_embeddings);
+  // Ids from 3 up: pad (0) would leave tokens out of the routers' counts, not their outputs.
+  const torch::Tensor ids =
+      torch::randint(std::min<int64_t>(3, dense_cfg.vocab_size - 1), dense_cfg.vocab_size, {4, T},
+                     probe_gen, torch::kLong);  // [4, T]
+  const bool was_training = moe->is_training();
+  moe->eval();
+  dense->eval();
+  const torch::Tensor a = moe->forward(ids).logits;    // [4, T, V]
+  const torch::Tensor b = dense->forward(ids).logits;  // [4, T, V]
+  if (was_training) moe->train();
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+}
+
+int64_t drop_upcycle(MiniMindForCausalLM& model, double ratio) {
   // The experts' matrices by "model.layers.L.mlp.experts.E.".
   static const std::regex expert(R"(^(model\.layers\.\d+\.mlp\.experts\.\d+\.)(\w+)\.weight$)");
   std::map<std::string, std::map<std::string, torch::Tensor>> experts;
@@ -328,6 +403,7 @@ void drop_upcycle(MiniMindForCausalLM& model, double ratio) {
     if (std::regex_match(item.key(), m, expert)) experts[m[1].str()][m[2].str()] = item.value();
   }
   torch::NoGradGuard no_grad;
+  int64_t redrawn = 0;
   auto redraw = [](torch::Tensor w, int64_t dim, const torch::Tensor& idx) {
     std::vector<int64_t> shape = w.sizes().vec();
     shape[static_cast<size_t>(dim)] = idx.size(0);
@@ -338,12 +414,14 @@ void drop_upcycle(MiniMindForCausalLM& model, double ratio) {
     torch::Tensor gate = m.at("gate_proj"), up = m.at("up_proj"), down = m.at("down_proj");
     const int64_t I = gate.size(0);  // gate/up [I, H], down [H, I]
     const auto k = static_cast<int64_t>(std::llround(ratio * static_cast<double>(I)));
+    redrawn = k;
     if (k == 0) continue;
     const torch::Tensor idx = torch::randperm(I, torch::kLong).narrow(0, 0, k);  // [k]
     redraw(gate, 0, idx);
     redraw(up, 0, idx);
     redraw(down, 1, idx);
   }
+  return redrawn;
 }
 
 }  // namespace minimind

@@ -50,7 +50,8 @@ struct UpcyclePlan {
   int64_t shared_granularity = 1;  // the same for the shared experts
   double routed_scale = 1.0;       // on each routed expert's down_proj
   double shared_scale = 1.0;       // on each shared expert's down_proj
-  // Why step 0's model may compute something other than the dense model ("" : it does not).
+  // Why the construction may make step 0 compute something other than the dense model (""
+  // : nothing known; upcycled_output_gap measures it).
   std::string not_preserved;
 };
 UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string& path,
@@ -62,7 +63,18 @@ UpcyclePlan load_weights_upcycled(MiniMindForCausalLM& model, const std::string&
 // gate_proj and up_proj and columns of down_proj are drawn from a normal distribution with
 // the mean and standard deviation of the matrix they were copied from. The experts then
 // differ from the start, while keeping the rest of the dense knowledge.
-void drop_upcycle(MiniMindForCausalLM& model, double ratio);
+// Returns the units redrawn per expert (round(ratio * I): 0 for a ratio too small to redraw
+// any, I for 1).
+int64_t drop_upcycle(MiniMindForCausalLM& model, double ratio);
+
+// How far an upcycled MoE model computes from the dense model whose weights are at
+// dense_path: the largest |difference| of their logits on a fixed probe (4 rows of 32 token
+// ids drawn from a generator of its own), over the largest |dense logit|. Both run in eval
+// mode on the current products; torch's default generator is left as it was (a random
+// router draws from it). A relative gap within kUpcycleSameFunction is float rounding: step 0
+// computes the dense model's function.
+double upcycled_output_gap(MiniMindForCausalLM& moe, const std::string& dense_path);
+inline constexpr double kUpcycleSameFunction = 1e-5;
 
 // Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.
 NamedTensors read_tensor_dict(const std::string& path);

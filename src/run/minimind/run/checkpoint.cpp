@@ -19,6 +19,7 @@
 #include "minimind/model/weights_io.h"
 #include "minimind/run/optimizer_state.h"
 #include "minimind/util/atomic_file.h"
+#include "minimind/util/input_file.h"
 #include "minimind/util/output_path.h"
 #include "minimind/util/zip_check.h"
 
@@ -307,12 +308,11 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
 TrainState read_checkpoint_state(const std::string& dir) {
   for (const char* f : kFiles) {
     if (!fs::exists(fs::path(dir) / f))
-      throw CheckpointError("checkpoint '" + dir + "' is incomplete (no " + f +
-                            "); delete it to resume from the one before");
+      throw CheckpointError("checkpoint '" + dir + "' is incomplete (no " + f + ")",
+                            "delete it to resume from the one before");
   }
   const std::string file = (fs::path(dir) / "state.json").string();
-  std::ifstream in(file, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = open_input<CheckpointError>(file, "checkpoint state").read_all();
   return parse_checkpoint_state(text, file);
 }
 

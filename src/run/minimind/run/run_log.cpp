@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "minimind/error.h"
+#include "minimind/util/input_file.h"
 
 namespace minimind {
 namespace {
@@ -114,21 +115,30 @@ void read_record(const json& j, R& r) {
   R::fields(r, FieldReader{j});
 }
 
+// The longest line a run log may hold: a record of 1,024 layers of 512 experts is ~20 MiB.
+constexpr size_t kMaxLogLine = size_t{64} << 20;
+
 // Calls f(record_json) for each line of a JSONL file, naming file and line in any error f
 // throws. A missing file has no lines; an unfinished last line (a run still writing) is
 // left out.
+
 template <class F>
 void for_each_line(const std::string& path, F f) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t start = 0;
-  for (int64_t line = 1; start < text.size(); ++line) {
-    size_t end = text.find('\n', start);
-    const bool unfinished = end == std::string::npos;
-    if (unfinished) end = text.size();
-    const std::string_view body(text.data() + start, end - start);
-    start = end + 1;
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return;
+  InputFile in = open_input<DataError>(path, "run log", "a JSONL file");
+  LineReader lines(in);
+  std::string text;
+  bool cut = false;
+  while (lines.next(text, kMaxLogLine, cut)) {
+    const int64_t line = lines.line_number();
+    const bool unfinished = !lines.ended();
+    if (cut)
+      throw DataError(fmt::format("{}:{}: a line over {} MiB, which no run writes", path, line,
+                                  kMaxLogLine >> 20),
+                      "the file was changed by hand or by another program; restore it, or "
+                      "delete the line");
+    const std::string_view body(text);
     if (body.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() && unfinished) return;

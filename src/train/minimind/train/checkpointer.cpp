@@ -17,11 +17,23 @@ void refuse_non_finite_weights(const MiniMindForCausalLM& model, int64_t step,
     throw TrainError(fmt::format("non-finite weights after step {} (first in {}); not saved as a "
                                  "checkpoint. The last good checkpoint is {}.",
                                  step, p.key(), last ? *last : std::string("(none yet)")),
-                     "try a lower train.learning_rate or train.grad_clip, then --resume");
+                     divergence_hint(false, last));
   }
 }
 
 }  // namespace
+
+std::string divergence_hint(bool before_any_update, const std::optional<std::string>& last) {
+  if (before_any_update)
+    return "the model's output overflows before any update: look for a key that scales it "
+           "(model.routed_scaling_factor, model.rope_theta, model.rms_norm_eps) or for "
+           "non-finite values in train.init_from's weights";
+  return last ? "try a lower train.learning_rate or train.grad_clip, then --resume (from " + *last +
+                    ")"
+              : std::string(
+                    "try a lower train.learning_rate or train.grad_clip and start "
+                    "again (there is no checkpoint to resume from yet)");
+}
 
 void Checkpointer::on_step_end(const StepInfo& s, bool last) {
   if (s.step % cfg_.checkpoint_interval != 0 && !last) return;

@@ -5,12 +5,21 @@
 
 #include <torch/torch.h>
 
+#include <optional>
+#include <string>
+
 #include "minimind/config.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/train/observer.h"
 
 namespace minimind {
+
+// What to do after training diverged: with `before_any_update` (the first forward of this
+// process was already non-finite) the config or the starting weights overflow, not the
+// learning rate; otherwise a gentler step, then --resume from `last` (a new start when there
+// is no checkpoint yet).
+std::string divergence_hint(bool before_any_update, const std::optional<std::string>& last);
 
 class Checkpointer : public Observer {
  public:

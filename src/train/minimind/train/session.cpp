@@ -72,22 +72,42 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
 // The weights of train.init_from into the model, as train.init_mode says; how upcycling cut
 // and scaled the dense feed-forward (nullopt: copied by name).
 std::optional<UpcyclePlan> load_init_weights(MiniMindForCausalLM& model, const TrainConfig& t,
-                                             const std::string& weights) {
+                                             const std::string& weights,
+                                             int64_t* units_redrawn = nullptr) {
   if (t.init_mode != "upcycle") {
     load_weights(model, weights);
     return std::nullopt;
   }
   UpcyclePlan plan = load_weights_upcycled(model, weights, t.upcycle_scaling);
-  if (t.upcycle_drop > 0) drop_upcycle(model, t.upcycle_drop);
+  const int64_t redrawn = t.upcycle_drop > 0 ? drop_upcycle(model, t.upcycle_drop) : 0;
+  if (units_redrawn) *units_redrawn = redrawn;
   return plan;
 }
+
+// The hash layers' tables (gate.tid2eid [V, k]) of a model, by name.
+std::map<std::string, torch::Tensor> hash_tables(const MiniMindForCausalLM& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& b : model->named_buffers())
+    if (b.key().size() > 8 && b.key().compare(b.key().size() - 8, 8, ".tid2eid") == 0)
+      out[b.key()] = b.value().clone();
+  return out;
+}
+
+// train.init_from as checked, with what the check measured.
+struct InitSource {
+  WeightsSource weights;
+  // Upcycling: upcycled_output_gap of the model as built (weights_io.h), and the units each
+  // expert redrew (Drop-Upcycling).
+  double output_gap = 0;
+  int64_t units_redrawn = 0;
+};
 
 // train.init_from, checked before the run directory is touched (--resume is checked
 // against the checkpoint in set_up): not inside the run's own output, weights whose names and
 // shapes fit the configured model, and the tokenizer they were trained with (the source run's,
 // unless data.tokenizer names one; cfg.data.tokenizer is set to it) with the weights' vocabulary.
 // Throws ConfigError / CheckpointError / WeightsError / TokenizerError.
-WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
+InitSource check_init_source(Config& cfg, const std::string& run_dir) {
   const std::string& from = cfg.train.init_from;
   const auto origin = cfg.origin.find("train.init_from");
   const std::string key =
@@ -107,15 +127,51 @@ WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
         "run's model is dense (model.use_moe: false)",
         "set model.use_moe: true (with num_experts and num_experts_per_tok), or "
         "train.init_mode: copy");
-  WeightsSource w = find_weights(from);
+  InitSource init{find_weights(from)};
+  const WeightsSource& w = init.weights;
+  // The model as set_up builds it (the seed draws a random hash table), with the weights
+  // loaded: names and shapes as an import checks them, and what the weights bring.
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  MiniMindForCausalLM probe(cfg.model);
+  const std::map<std::string, torch::Tensor> tables = hash_tables(probe);
   try {
-    MiniMindForCausalLM probe(cfg.model);  // names and shapes, as an import checks them
-    load_init_weights(probe, cfg.train, w.weights);
+    load_init_weights(probe, cfg.train, w.weights, &init.units_redrawn);
   } catch (const WeightsError& e) {
     throw WeightsError(key + (upcycle ? " with train.init_mode: upcycle" : "") + ": " + e.what());
   }
+  // Copied weights bring their hash tables; config.yaml must say the same table.
+  for (const auto& [name, table] : hash_tables(probe))
+    if (!torch::equal(table, tables.at(name)))
+      throw ConfigError(
+          key + ": the weights' hash table " + name +
+              " is not the one model.hash_table: " + name_of(cfg.model.hash_table) +
+              " with run.seed: " + std::to_string(cfg.run.seed) + " draws" +
+              (w.config ? " (their run had model.hash_table: " +
+                              std::string(name_of(w.config->model.hash_table)) +
+                              ", run.seed: " + std::to_string(w.config->run.seed) + ")"
+                        : std::string()),
+          "set model.hash_table and run.seed as the weights' run had them: the experts learned "
+          "that table's tokens");
+  // Whether step 0 computes the dense model's function is measured, not assumed.
+  if (upcycle) init.output_gap = upcycled_output_gap(probe, w.weights);
+  const std::string theirs = w.run_dir.empty() ? "" : run_tokenizer_file(w.run_dir);
+  if (!cfg.data.tokenizer.empty())
+    Tokenizer::from_file(cfg.data.tokenizer).check_vocab_size(cfg.model.vocab_size);
+  if (!cfg.data.tokenizer.empty() && !theirs.empty() && !cfg.train.init_other_tokenizer &&
+      Tokenizer::from_file(cfg.data.tokenizer).model_bytes() !=
+          Tokenizer::from_file(theirs).model_bytes()) {
+    const auto tok_origin = cfg.origin.find("data.tokenizer");
+    throw ConfigError(
+        "data.tokenizer" +
+            (tok_origin == cfg.origin.end() ? std::string() : " (" + tok_origin->second + ")") +
+            ": '" + cfg.data.tokenizer + "' is another tokenizer than '" + theirs +
+            "', the one the weights of " + key +
+            " were trained with: their token ids would "
+            "mean other text",
+        "leave data.tokenizer empty to train with the weights' own tokenizer, or set "
+        "train.init_other_tokenizer: true if another tokenizer is meant");
+  }
   if (cfg.data.tokenizer.empty()) {
-    const std::string theirs = w.run_dir.empty() ? "" : run_tokenizer_file(w.run_dir);
     if (theirs.empty())
       throw ConfigError(key + ": '" + from +
                             "' brings no tokenizer and data.tokenizer is empty: a tokenizer "
@@ -126,7 +182,7 @@ WeightsSource check_init_source(Config& cfg, const std::string& run_dir) {
     cfg.origin["data.tokenizer"] = "the tokenizer of train.init_from's run";
   }
   Tokenizer::from_file(cfg.data.tokenizer).check_vocab_size(cfg.model.vocab_size);
-  return w;
+  return init;
 }
 
 // Keys a rank may set for itself: how fast it runs, how long it waits, where its files are
@@ -221,7 +277,7 @@ void settle_matmul(TrainSession& s, const Config& cfg, const std::optional<Train
   }
 }
 
-void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSource>& init,
+void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>& from,
             Distributed& dist, const StopFlag* stop) {
   const bool main_rank = dist.is_main();
   const std::string& run_dir = s.run.path;
@@ -320,6 +376,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
   init_weights(s.model);
   // The whole model, then (expert parallelism) this rank's shard.
   std::optional<UpcyclePlan> upcycled;
+  const WeightsSource* init = from ? &from->weights : nullptr;
   if (init && !s.run.checkpoint) upcycled = load_init_weights(s.model, cfg.train, init->weights);
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
@@ -335,13 +392,18 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
     if (init->trained_tokens)  // what made the weights, for comparisons at equal compute
       s.state.init_from.update(
           {{"source_tokens", *init->trained_tokens}, {"source_flops", *init->trained_flops}});
+    // Measured on the model as built (check_init_source): its logits against the dense
+    // model's, on a fixed probe.
+    const bool preserves = upcycled && from->output_gap <= kUpcycleSameFunction;
     if (upcycled)
       s.state.init_from.update({{"upcycle_scaling", cfg.train.upcycle_scaling},
                                 {"granularity", upcycled->granularity},
                                 {"shared_granularity", upcycled->shared_granularity},
                                 {"routed_scale", upcycled->routed_scale},
                                 {"shared_scale", upcycled->shared_scale},
-                                {"preserves_function", upcycled->not_preserved.empty()}});
+                                {"units_redrawn", from->units_redrawn},
+                                {"output_gap", from->output_gap},
+                                {"preserves_function", preserves}});
     if (main_rank) {
       log.info(
           "weights from {} (step {} of its run; {}, content key {}); optimizer, step, data "
@@ -357,14 +419,23 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
             p.routed_scale != 1.0 ? fmt::format(", down_proj scaled by {:.6g}", p.routed_scale)
                                   : std::string(),
             cfg.train.upcycle_drop > 0
-                ? fmt::format(" with {:g} of its units redrawn (Drop-Upcycling)",
+                ? fmt::format(" with {} of its {} intermediate units redrawn (Drop-Upcycling, "
+                              "train.upcycle_drop {:g})",
+                              from->units_redrawn, cfg.model.expert_ffn_size(),
                               cfg.train.upcycle_drop)
                 : std::string(),
             p.granularity > 1 ? " (shared within each group of experts)" : "");
-        if (p.not_preserved.empty() && cfg.train.upcycle_drop == 0)
-          log.info("step 0 computes the dense model's function");
-        else if (!p.not_preserved.empty())
-          log.info("step 0 computes another function than the dense model: {}", p.not_preserved);
+        const std::string measured = fmt::format(
+            "measured: logits within {:.2g} of the dense model's, relative", from->output_gap);
+        if (preserves) {
+          log.info("step 0 computes the dense model's function ({})", measured);
+        } else {
+          std::string why = p.not_preserved;
+          if (from->units_redrawn > 0)
+            why += std::string(why.empty() ? "" : "; ") + "Drop-Upcycling redrew units";
+          log.info("step 0 computes another function than the dense model ({}){}{}", measured,
+                   why.empty() ? "" : ": ", why);
+        }
       }
     }
   }
@@ -395,13 +466,18 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<WeightsSourc
 
   const ParamCount n = count_parameters(s.model);
   const ModelConfig& m = cfg.model;
+  const MemoryEstimate mem =
+      memory_estimate(m, /*training=*/true, cfg.train.batch_size, cfg.data.max_seq_len);
   log.info(
       "model: {} layers, hidden {}, {}: {:.3f} M parameters ({:.3f} M active); "
+      "memory estimate {:.3g} GB (weights and optimizer {:.3g}, activations {:.3g}{}); "
       "BLAS {:.0f} GFLOP/s{}",
       m.num_hidden_layers, m.hidden_size,
       m.use_moe ? fmt::format("MoE {} experts top-{}", m.num_experts, m.num_experts_per_tok)
                 : std::string("dense"),
-      n.total / 1e6, n.active / 1e6, blas.gflops,
+      n.total / 1e6, n.active / 1e6, mem.total() / 1e9, mem.weights / 1e9, mem.activations / 1e9,
+      mem.routing > 0 ? fmt::format(", routing tables {:.3g}", mem.routing / 1e9) : std::string(),
+      blas.gflops,
       s.ep ? fmt::format("; experts spread over {} ranks per group ({} of {} per rank)",
                          s.ep->size(), m.num_experts / s.ep->size(), m.num_experts)
            : std::string());
@@ -415,11 +491,13 @@ std::unique_ptr<TrainSession> open_session(const Config& cfg, const std::string&
   auto s = std::make_unique<TrainSession>();
   // Before --overwrite empties the run directory: what can be known wrong now.
   check_data_paths(cfg);
-  check_model_fits_memory(cfg.model, /*training=*/true);
+  check_model_fits_memory(cfg.model, /*training=*/true, cfg.train.batch_size, cfg.data.max_seq_len);
   check_ranks_agree(cfg, dist);  // refusals here leave the run directory alone
   Config run_cfg = cfg;          // with the tokenizer of train.init_from's run
-  std::optional<WeightsSource> init;
-  if (!cfg.train.init_from.empty()) init = check_init_source(run_cfg, run_dir);
+  std::optional<InitSource> init;
+  // A resumed run reads only its own checkpoint (and tokenizer copy): the weights it started
+  // from may be gone by now.
+  if (!cfg.train.init_from.empty() && !resume) init = check_init_source(run_cfg, run_dir);
   s->plan =
       plan_compute(cfg, this_machine(),
                    {true, cfg.train.batch_size, dist.world_size(), dist.env().local_world_size});

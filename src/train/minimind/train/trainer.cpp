@@ -20,14 +20,15 @@
 namespace minimind {
 namespace {
 
-TrainError non_finite_error(const StepStats& st, int64_t step, const std::string& run_dir) {
+TrainError non_finite_error(const StepStats& st, int64_t step, bool first_step,
+                            const std::string& run_dir) {
   const auto last = latest_checkpoint(run_dir);
   return TrainError(
       fmt::format("non-finite {} at step {} (loss {}, lm {}, aux {}, z {}, grad norm {}); "
                   "stopping without saving. The last good checkpoint is {}.",
                   std::isfinite(st.loss) ? "gradient norm" : "loss", step, st.loss, st.lm_loss,
                   st.aux_loss, st.z_loss, st.grad_norm, last ? *last : std::string("(none yet)")),
-      "try a lower train.learning_rate or train.grad_clip, then --resume");
+      divergence_hint(first_step && !std::isfinite(st.loss), last));
 }
 
 struct StopDecision {
@@ -181,7 +182,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     result.exchange_seconds += st.exchange_seconds;
     result.exchange_bytes += st.exchange_bytes;
     // A non-finite step changed no weight: stop with the last checkpoint intact.
-    if (!st.finite) throw non_finite_error(st, state.step + 1, run_dir);
+    if (!st.finite)
+      throw non_finite_error(st, state.step + 1, state.step == result.start_step, run_dir);
     ++state.step;
     state.tokens += st.tokens;
     state.loader_rows = s->sampler->position() * tc.batch_size * dist.world_size();
