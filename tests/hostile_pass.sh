@@ -103,13 +103,25 @@ expect_error gslash.log "ends in '/'" "$EXPORT" base --format gguf --out g/
 
 # 5. Replacing is atomic end to end: kill -9 while an export is being written leaves the
 # old export whole; the next export removes the temporary. Two exports at once: one wins.
+# The export is stopped (SIGSTOP) as soon as its temporary appears, so the kill lands while
+# the temporary exists; an attempt where the export finished first does not count, and at
+# least one of them must land.
+kills=""
 for format in hf gguf; do
   out=kill.$format
   "$EXPORT" base --format "$format" --out "$out" > /dev/null 2>&1
-  for attempt in 1 2 3; do
+  landed=0
+  for attempt in 1 2 3 4 5 6; do
     "$EXPORT" base --format "$format" --out "$out" --overwrite > /dev/null 2>&1 &
     pid=$!
-    for _ in $(seq 1 2000); do compgen -G "$out.tmp.*" > /dev/null && break; sleep 0.005; done
+    seen=0
+    for _ in $(seq 1 4000); do
+      if compgen -G "$out.tmp.*" > /dev/null; then kill -STOP $pid 2> /dev/null && seen=1; break; fi
+      sleep 0.002
+    done
+    # Stopped with its temporary on disk: the kill lands mid-write.
+    [ "$seen" = 1 ] && [ "$(ps -o stat= -p $pid 2> /dev/null | cut -c1)" = T ] &&
+      compgen -G "$out.tmp.*" > /dev/null && landed=$((landed + 1))
     kill -9 $pid 2> /dev/null || true
     wait $pid 2> /dev/null || true
     if [ "$format" = hf ]; then
@@ -117,11 +129,14 @@ for format in hf gguf; do
     else
       [ "$(head -c 4 "$out")" = GGUF ] || fail "a killed export left no $out"
     fi
+    [ "$landed" -ge 2 ] && break
   done
+  [ "$landed" -ge 1 ] || fail "no kill landed while the $format export's temporary existed"
+  kills="$kills $format $landed of $attempt,"
   "$EXPORT" base --format "$format" --out "$out" --overwrite > /dev/null 2>&1
   ! compgen -G "$out.tmp.*" > /dev/null || fail "stale temporaries of $out stayed: $(ls -d "$out".tmp.*)"
 done
-echo "killed exports (hf, gguf): the old output stayed whole; the next export removed the temporaries"
+echo "killed exports, landed mid-write:${kills%,}: the old output stayed whole; the next export removed the temporaries"
 for round in 1 2 3; do
   "$EXPORT" base --format hf --out race --overwrite > race1.log 2>&1 & p1=$!
   "$EXPORT" base --format hf --out race --overwrite > race2.log 2>&1 & p2=$!

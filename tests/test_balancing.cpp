@@ -66,6 +66,18 @@ TEST(QuantileBalancing, TorchtitanTwoRankVectors) {
   }
 }
 
+// torchtitan's newer k = 2 case of the same test: the first rank's first layer chooses two
+// experts a token, so the cutoff is the third score (0.31) and every expert takes half of
+// the four tokens: positions [1.5, 3.5, 5.5, 6.5] bins, centred and times 0.2.
+TEST(QuantileBalancing, TorchtitanTopTwoVector) {
+  const torch::Tensor bias = torch::zeros({4});
+  const int64_t bins = 10, k = 2;
+  const torch::Tensor h = quantile_histogram(
+      required_of(four_tokens({0.92f, 0.68f, 0.31f, 0.07f}), bias, k), bias, bins);
+  expect_near(quantile_bias_from_histogram(h, quantile_bin_width(bias, bins), k),
+              {-0.55, -0.15, 0.25, 0.45}, 1e-6);
+}
+
 // Megatron-LM PR #6637's test_qb_histogram_recovery: bounds [-1, 1], 4 bins, k = 1.
 TEST(QuantileBalancing, MegatronHistogramRecovery) {
   const torch::Tensor h = torch::tensor({{0, 2, 2, 0}, {2, 2, 0, 0}}, torch::kLong);
@@ -181,6 +193,33 @@ TEST(HashLayers, TheTableChoosesAndTheGateWeighs) {
   // The learned layer has its aux loss.
   learned->train();
   EXPECT_GT(learned->forward(x, torch::Tensor(), ids).aux_loss.item<double>(), 0.0);
+
+  // No bias: with the sign rule or quantile balancing configured, the learned layer carries a
+  // selection bias (a buffer, moved by an update); the hash layer has none, saves none and
+  // an update leaves its choice and output as they were.
+  for (const BiasRule rule : {BiasRule::sign, BiasRule::quantile}) {
+    ModelConfig b = cfg;
+    b.router_aux_loss_coef = 0, b.router_bias_rule = rule;
+    b.router_bias_update_rate = rule == BiasRule::sign ? 0.5 : 0.0;
+    torch::manual_seed(7);
+    MOEFeedForward h(MoEOptions::from(b, 0));
+    MOEFeedForward l(MoEOptions::from(b, 1));
+    ASSERT_TRUE(l->bias().defined()) << name_of(rule);
+    EXPECT_FALSE(h->bias().defined()) << name_of(rule);
+    for (const auto& buffer : h->named_buffers())
+      EXPECT_EQ(buffer.key().find("e_score_correction_bias"), std::string::npos) << buffer.key();
+    h->train(), l->train();
+    const MoEOutput before = h->forward(x, torch::Tensor(), ids);
+    const MoEOutput l_out = l->forward(x, torch::Tensor(), ids);
+    EXPECT_FALSE(before.stats.qb.defined()) << "a hash layer gathers no quantile statistic";
+    const torch::Tensor l_bias = l->bias().clone();
+    h->update_bias({6, 0, 0, 0}, torch::Tensor());
+    l->update_bias({6, 0, 0, 0}, l_out.stats.qb);
+    EXPECT_FALSE(torch::equal(l->bias(), l_bias)) << name_of(rule) << ": the learned bias moves";
+    const MoEOutput after = h->forward(x, torch::Tensor(), ids);
+    EXPECT_TRUE(after.stats.index.equal(before.stats.index));
+    EXPECT_TRUE(after.y.equal(before.y));
+  }
 }
 
 // DeepSeek-V4's scores s = sqrt(softplus(logit)) at known points (s(0) = sqrt(ln 2)), as the

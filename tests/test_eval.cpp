@@ -601,12 +601,14 @@ TEST_F(EvalTest, UsageErrorsExitOneNamingTheOption) {
   }
   const int huge = WEXITSTATUS(
       std::system((std::string(MINIMIND_TRAIN_BIN) + " --config " + config + " --out " + *dir_ +
-                   "/moe --overwrite --set model.num_hidden_layers=100000000 --set data.train=" +
+                   "/moe --overwrite --set model.num_hidden_layers=1024 --set "
+                   "model.hidden_size=65536 --set data.train=" +
                    test::source_path("data/austen.jsonl") + " >" + err_file + " 2>&1")
                       .c_str()));
   EXPECT_EQ(huge, 1);
-  EXPECT_NE(test::read_text(err_file).find("model.num_hidden_layers (100000000)"),
-            std::string::npos)
+  EXPECT_NE(test::read_text(err_file).find("most of it is the model"), std::string::npos)
+      << test::read_text(err_file);
+  EXPECT_NE(test::read_text(err_file).find("model.num_hidden_layers (1024)"), std::string::npos)
       << test::read_text(err_file);
   EXPECT_TRUE(fs::exists(ckpt() + "/model.pth"));
   // A trace that cannot be written is said before minutes of benchmarking, not after.

@@ -368,8 +368,11 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
   torch::set_num_threads(1);
   // lab_deepseek and lab_minimind2: shared experts under MiniMind2's names and the bias under
   // HF DeepSeek-V3's, loaded strictly by the reference.
-  for (const std::string name : {"dense_train", "dense_untied_train", "moe_top2_norm_train",
-                                 "lab_deepseek", "lab_minimind2"}) {
+  // lab_quantile_softmax_top2: quantile balancing's bias; lab_hash_random_top2: a random
+  // hash table (gate.tid2eid), moved below to other experts, which Python must then read.
+  for (const std::string name :
+       {"dense_train", "dense_untied_train", "moe_top2_norm_train", "lab_deepseek", "lab_minimind2",
+        "lab_quantile_softmax_top2", "lab_hash_random_top2"}) {
     SCOPED_TRACE(name);
     auto fx = load_fixture(name);
     MiniMindForCausalLM model = build(fx, name);
@@ -379,6 +382,9 @@ TEST(ParityWeights, CppWeightsLoadInPythonStrict) {
       for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.01);
       for (auto& b : model->router_biases())
         if (b.defined()) b.add_(torch::randn_like(b) * 0.05);
+      for (auto& b : model->named_buffers())
+        if (b.key().find("tid2eid") != std::string::npos)
+          b.value().copy_((b.value() + 1).remainder(model->config().num_experts));
     }
     model->eval();
     torch::NoGradGuard no_grad;

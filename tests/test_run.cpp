@@ -244,6 +244,69 @@ TEST(Checkpoint, OptimizerStateRoundTripsInBothFormats) {
   expect_same_state(adamw_state(*opt3), trained);
 }
 
+// What a resume must bring back beyond the parameters: a random hash table (drawn from the
+// seed, so a model built with another seed has another one) and quantile balancing's
+// selection bias. A fresh model of another seed takes both from the checkpoint.
+TEST(Checkpoint, HashTableAndSelectionBiasSurviveSaveAndLoad) {
+  const std::string dir = temp_dir("ckhash");
+  const Config cfg = tiny_config(
+      dir, {"model.hash_layers=1", "model.hash_table=random", "model.router_aux_loss_coef=0",
+            "model.scoring_func=sigmoid", "model.router_bias_rule=quantile"});
+  torch::manual_seed(1);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& b : model->router_biases())
+      if (b.defined()) b.copy_(torch::randn_like(b));
+  }
+  auto opt = make_optimizer(model->parameters(), cfg.train);
+  TrainState s;
+  s.config_yaml = config_to_yaml(cfg);
+  s.step = 1;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  const auto buffers = model->named_buffers();
+  const torch::Tensor table = buffers["model.layers.0.mlp.gate.tid2eid"].clone();
+  const torch::Tensor bias = buffers["model.layers.1.mlp.gate.e_score_correction_bias"].clone();
+  EXPECT_FALSE(buffers.contains("model.layers.0.mlp.gate.e_score_correction_bias"));
+
+  torch::manual_seed(2);
+  MiniMindForCausalLM fresh(cfg.model);
+  init_weights(fresh);
+  auto fresh_buffers = fresh->named_buffers();
+  ASSERT_FALSE(torch::equal(fresh_buffers["model.layers.0.mlp.gate.tid2eid"], table))
+      << "another seed must draw another table, or the check below proves nothing";
+  ASSERT_FALSE(
+      torch::equal(fresh_buffers["model.layers.1.mlp.gate.e_score_correction_bias"], bias));
+  auto opt2 = make_optimizer(fresh->parameters(), cfg.train);
+  load_checkpoint(path, fresh, *opt2);
+  EXPECT_TRUE(torch::equal(fresh_buffers["model.layers.0.mlp.gate.tid2eid"], table));
+  EXPECT_TRUE(torch::equal(fresh_buffers["model.layers.1.mlp.gate.e_score_correction_bias"], bias));
+}
+
+// A damaged optimizer.pt (bytes changed inside a tensor, the zip intact) is named by its
+// CRC, and the optimizer it was to be loaded into keeps its state (the resume stops there).
+TEST(Checkpoint, ADamagedOptimizerStateIsNamedAndLoadsNothing) {
+  CheckpointSetup c("ckoptrot");
+  auto& [dir, cfg, model, opt, s] = c;
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::randn_like(p);
+  opt->step();
+  s.step = 1;
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  {
+    std::fstream f(path + "/optimizer.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(path + "/optimizer.pt") / 2));
+    const std::string junk(256, '\xff');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  MiniMindForCausalLM fresh(cfg.model);
+  auto opt2 = make_optimizer(fresh->parameters(), cfg.train);
+  const std::string msg = error_of<Error>([&] { load_checkpoint(path, fresh, *opt2); });
+  EXPECT_NE(msg.find("optimizer.pt' is damaged: entry"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CRC-32 mismatch"), std::string::npos) << msg;
+  EXPECT_TRUE(adamw_state(*opt2).empty());
+}
+
 TEST(Checkpoint, DataPositionInRowsAndOlderBatchCounts) {
   CheckpointSetup c("ckrows");
   auto& [dir, cfg, model, opt, s] = c;

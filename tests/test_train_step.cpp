@@ -439,11 +439,96 @@ TEST(ShardedMicroBatch, RoutingMarginCountsTheWholeMicroBatchsRealTokens) {
   const auto whole = margins(1), sharded = margins(2);
   ASSERT_EQ(whole.size(), 2u);
   ASSERT_EQ(sharded.size(), 2u);
+  // Independently: the router's probabilities of the same first forward (softmax, no bias:
+  // what top-k chose by), each real token's 2nd minus 3rd largest, averaged over the 38 real
+  // tokens; the share of them under kSmallMargin.
+  auto [model, opt] = seeded_model(cfg, torch::kFloat64);
+  const ForwardOutput out = model->forward(rows, labels);
+  const torch::Tensor real = (rows != 0).reshape({-1});  // [N]
+  ASSERT_EQ(real.sum().item<int64_t>(), 2 * 4 + 2 * 17);
   for (size_t l = 0; l < 2; ++l) {
+    const torch::Tensor p = out.moe[l].probs.index({real});            // [n, E]
+    const torch::Tensor top = std::get<0>(torch::sort(p, 1, true));    // [n, E] descending
+    const torch::Tensor margin = top.select(1, 1) - top.select(1, 2);  // [n]
     EXPECT_GT(whole[l].first, 0.0);
+    EXPECT_NEAR(whole[l].first, margin.mean().item<double>(), 1e-12) << "layer " << l;
+    EXPECT_NEAR(whole[l].second, (margin < kSmallMargin).to(torch::kFloat64).mean().item<double>(),
+                1e-12)
+        << "layer " << l;
     EXPECT_NEAR(sharded[l].first, whole[l].first, 1e-12) << "layer " << l;
     EXPECT_NEAR(sharded[l].second, whole[l].second, 1e-12) << "layer " << l;
   }
+}
+
+// Live routing change (RoutingChange): per layer, the share of the probe's real tokens whose
+// expert set changed since the previous measure. Layer 0's experts 0 and 1 are made equal,
+// so that swapping their router rows sends every token of one to the other without changing
+// what the layer computes: layer 0 changes for exactly the real tokens that chose 0 or 1
+// (counted from the model's own routing), layer 1 for none. The previous choices travel in a
+// checkpoint's monitor state; a checkpoint without them starts afresh.
+TEST(RoutingChange, CountsRealTokensWhoseExpertsChangedAndResumes) {
+  Config cfg = load_config_string(
+      "model: {hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,\n"
+      "        num_key_value_heads: 1, vocab_size: 64, max_position_embeddings: 32,\n"
+      "        use_moe: true, num_experts: 4, num_experts_per_tok: 1, norm_topk_prob: true}\n"
+      "data: {max_seq_len: 16}\n",
+      "routing_change");
+  validate_and_resolve(cfg);
+  torch::manual_seed(3);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  auto params = model->named_parameters();
+  const std::string e = "model.layers.0.mlp.experts.";
+  {
+    torch::NoGradGuard no_grad;
+    for (const char* m : {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"})
+      params[e + "1" + m].copy_(params[e + "0" + m]);
+  }
+  torch::Tensor ids = torch::randint(3, 64, {2, 12}, torch::kLong);  // [2, 12]
+  ids[1].narrow(0, 8, 4).fill_(0);                                   // 4 padding tokens
+  auto swap_router_rows = [&] {
+    torch::NoGradGuard no_grad;
+    torch::Tensor w = params["model.layers.0.mlp.gate.weight"];  // [E, H]
+    const torch::Tensor row0 = w[0].clone();
+    w[0].copy_(w[1]);
+    w[1].copy_(row0);
+  };
+  auto measured = [](RoutingChange& rc, MiniMindForCausalLM& m) {
+    std::vector<LayerStats> layers;
+    rc.measure(m, layers);
+    std::vector<std::optional<double>> out;
+    for (const LayerStats& l : layers) out.push_back(l.routing_change);
+    return out;
+  };
+
+  RoutingChange rc(ids);
+  for (const auto& v : measured(rc, model)) EXPECT_FALSE(v) << "the first measure sets nothing";
+  EXPECT_EQ(measured(rc, model), (std::vector<std::optional<double>>{0.0, 0.0}));
+
+  model->eval();
+  const ForwardOutput before = model->forward(ids);
+  model->train();
+  const torch::Tensor real = (ids != 0).reshape({-1});                         // [24]
+  const torch::Tensor chose = before.moe[0].index.select(1, 0).index({real});  // [20]
+  const double expected = ((chose == 0) | (chose == 1)).to(torch::kFloat64).mean().item<double>();
+  ASSERT_GT(expected, 0.0);
+  ASSERT_LT(expected, 1.0);
+  nlohmann::json state;
+  rc.save_state(state);
+  swap_router_rows();
+  const auto swapped = measured(rc, model);
+  ASSERT_EQ(swapped.size(), 2u);
+  EXPECT_NEAR(swapped[0].value_or(-1), expected, 1e-12);
+  EXPECT_EQ(swapped[1].value_or(-1), 0.0);
+
+  // Restored from the state saved before the swap: the same figures as the run that kept
+  // going; without a saved probe, nothing at the first measure.
+  RoutingChange resumed(ids);
+  resumed.restore_state(state);
+  EXPECT_EQ(measured(resumed, model), swapped);
+  RoutingChange older(ids);
+  older.restore_state(nlohmann::json::object());
+  for (const auto& v : measured(older, model)) EXPECT_FALSE(v);
 }
 
 // Accumulation is exact in exact arithmetic; the test runs in float64 so that float32

@@ -273,37 +273,59 @@ class MOEFeedForward(nn.Module):
 
 
 def quantile_bias_of(rows, bias, k, estimator, bins, ema):
-    """Quantile balancing written out per expert: the bias that admits q = N*k/E of the step's
-    N rows r = cutoff - score; torchtitan's histogram (bins over [min b - 1, max b + 1], linear
-    inside the bin where the count reaches q) or the ceil(q)-th smallest r; then the EMA of
-    Megatron #5349 and mean-centring."""
+    """Quantile balancing from its definition, not from the C++ code's index arithmetic: per
+    expert, the smallest bias that admits its balanced share q = N*k/E of the step's N rows
+    r = cutoff - score (a token takes the expert when its r is at most the bias).
+
+    exact: the smallest value v of the column with #(r <= v) >= q.
+    histogram: the same question asked of torchtitan's binned counts (bins of equal width
+    over [min b - 1, max b + 1], a value outside in the end bin), whose empirical CDF is drawn
+    through the bin edges, straight between them: the first x (in bins from the lower edge)
+    where that CDF reaches q. Then the EMA of Megatron #5349 and mean-centring."""
     n, e = rows.shape
     q = n * k / e
-    rank = max(-(-n * k // e), 1)  # ceil(q)
     new = []
     if estimator == "exact":
         for j in range(e):
-            new.append(sorted(rows[:, j].tolist())[rank - 1])
+            col = rows[:, j].tolist()
+            new.append(min(v for v in col if sum(u <= v for u in col) >= q))
         new = torch.tensor(new, dtype=torch.float64)
         new = new - new.mean()
     else:
         lower, width = bias.min() - 1, (bias.max() - bias.min() + 2) / bins  # float32
-        b = torch.floor((rows - lower) / width).clamp(0, bins - 1).long()
+        which = torch.floor((rows - lower) / width).clamp(0, bins - 1).long()  # torchtitan's bins
         for j in range(e):
-            counts = [0] * bins
-            for v in b[:, j].tolist():
-                counts[v] += 1
-            seen = 0
-            for i, c in enumerate(counts):
-                if seen + c >= rank:  # the crossing bin
-                    new.append(i + (q - seen) / c)
-                    break
-                seen += c
+            members = which[:, j].tolist()
+            # cdf[i]: how many rows lie below edge i (in bins 0 .. i-1)
+            cdf = [sum(m < i for m in members) for i in range(bins + 1)]
+            x = next(i + (q - cdf[i]) / (cdf[i + 1] - cdf[i])
+                     for i in range(bins) if cdf[i + 1] >= q and cdf[i + 1] > cdf[i])
+            new.append(x)
         new = torch.tensor(new, dtype=torch.float64)
         new = (new - new.mean()) * width.item()
     if ema > 0:
         new = ema * bias.double() + (1 - ema) * new
     return (new - new.mean()).float()
+
+
+def _check_quantile_vectors():
+    """torchtitan's test_quantile_balance.py vectors (E = 4, 10 bins, bias 0, four equal
+    tokens of one score row): k = 1 gives [-0.5, -0.1, 0.1, 0.5] and k = 2 (its newer case)
+    [-0.55, -0.15, 0.25, 0.45]; the exact estimator on the same rows; Megatron #6637's
+    recovery needs bounds of its own and is checked in C++ (test_balancing.cpp)."""
+    scores = torch.tensor([[0.92, 0.68, 0.31, 0.07]] * 4)
+    bias = torch.zeros(4)
+    for k, want in ((1, [-0.5, -0.1, 0.1, 0.5]), (2, [-0.55, -0.15, 0.25, 0.45])):
+        cutoff = torch.topk(scores + bias, k + 1, dim=-1).values[:, k:]
+        rows = cutoff - scores
+        got = quantile_bias_of(rows, bias, k, "histogram", 10, 0.0)
+        assert torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64), atol=1e-6), (k, got)
+        # Four equal tokens: the exact share is the row itself, centred.
+        exact = quantile_bias_of(rows, bias, k, "exact", 10, 0.0)
+        assert torch.allclose(exact.double(), (rows[0] - rows[0].mean()).double(), atol=1e-6), (k, exact)
+
+
+_check_quantile_vectors()
 
 
 def router_metrics(p, idx):
