@@ -92,10 +92,10 @@ int tokenize_command(const Args& a) {
   using namespace minimind;
   std::string file = a.tokenizer;
   if (file.empty() && !a.path.empty()) {
-    // A run directory, or a checkpoint inside one (RUN/checkpoints/step_N).
-    const std::filesystem::path p = std::filesystem::absolute(a.path);
-    file = run_tokenizer_file(p.string());
-    if (file.empty()) file = run_tokenizer_file(p.parent_path().parent_path().string());
+    // A run directory, or a checkpoint inside one.
+    file = run_tokenizer_file(a.path);
+    if (const std::string run = run_of_checkpoint(a.path); file.empty() && !run.empty())
+      file = run_tokenizer_file(run);
     if (file.empty()) throw TokenizerError("no tokenizer in '" + a.path + "' (a run directory?)");
   }
   if (file.empty()) throw TokenizerError("tokenize needs PATH (a run) or --tokenizer FILE");

@@ -23,7 +23,7 @@ WeightsSource find_weights(const std::string& path) {
     return w;
   }
   std::string ckpt;
-  if (fs::exists(fs::path(path) / "checkpoints")) {  // a run directory: its newest checkpoint
+  if (is_run_directory(path)) {  // its newest checkpoint
     auto latest = latest_checkpoint(path);
     if (!latest) throw CheckpointError("run directory '" + path + "' has no complete checkpoint");
     ckpt = *latest;
@@ -49,14 +49,14 @@ WeightsSource find_weights(const std::string& path) {
   }
   w.step = state.step;
   w.config = load_config_string(state.config_yaml, ckpt + "/state.json");
-  w.run_dir = fs::path(ckpt).parent_path().parent_path().string();
+  w.run_dir = run_of_checkpoint(ckpt);
   w.weights = (fs::path(ckpt) / "model.pth").string();
   w.trained_tokens = state.tokens;
   w.trained_flops = static_cast<double>(state.tokens) *
                     flops_per_token(w.config->model, w.config->data.max_seq_len).total();
-  if (state.init_from.is_object() && state.init_from.contains("source_tokens")) {
-    *w.trained_tokens += state.init_from.at("source_tokens").get<int64_t>();
-    *w.trained_flops += state.init_from.at("source_flops").get<double>();
+  if (state.init_from && state.init_from->source_tokens && state.init_from->source_flops) {
+    *w.trained_tokens += *state.init_from->source_tokens;
+    *w.trained_flops += *state.init_from->source_flops;
   }
   return w;
 }

@@ -256,7 +256,7 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                         {"config", state.config_yaml},
                         {"matmul", state.matmul},
                         {"monitor", state.monitor}};
-    if (!state.init_from.is_null()) j["init_from"] = state.init_from;
+    if (state.init_from) j["init_from"] = *state.init_from;
     if (state.plan) j["plan"] = state.plan->to_json();
     // The other files are zip archives with a CRC per entry; this one carries its own: the
     // CRC-32 of its text without this field (nlohmann writes an object's keys sorted, so the
@@ -287,6 +287,22 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
   auto all = complete_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second);
   return final_dir.string();
+}
+
+bool is_run_directory(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(fs::path(dir) / "checkpoints", ec);
+}
+
+std::string run_of_checkpoint(const std::string& checkpoint_dir) {
+  fs::path p = fs::absolute(checkpoint_dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // a trailing '/'
+  if (p.parent_path().filename() != "checkpoints") return "";
+  // The path as given, when it was relative, stays relative in messages.
+  fs::path given = fs::path(checkpoint_dir).lexically_normal();
+  if (!given.has_filename()) given = given.parent_path();
+  const fs::path run = given.parent_path().parent_path();
+  return run.empty() ? p.parent_path().parent_path().string() : run.string();
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
@@ -361,7 +377,14 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
   field("elapsed_seconds", s.elapsed_seconds, &nlohmann::json::is_number, "a number");
   field("config", s.config_yaml, &nlohmann::json::is_string, "a string");
   if (const auto m = j.find("monitor"); m != j.end() && m->is_object()) s.monitor = *m;
-  if (const auto i = j.find("init_from"); i != j.end() && i->is_object()) s.init_from = *i;
+  if (const auto i = j.find("init_from"); i != j.end() && !i->is_null()) {
+    try {
+      s.init_from = i->get<StartFrom>();
+    } catch (const DataError& e) {
+      throw CheckpointError("checkpoint state '" + file + "': init_from: " + e.message(),
+                            "the file was changed by hand; restore it");
+    }
+  }
   if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) s.matmul = *m;
   if (const auto p = j.find("plan"); p != j.end()) {
     try {

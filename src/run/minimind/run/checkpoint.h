@@ -16,6 +16,7 @@
 #include "minimind/error.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/parallel_context.h"
+#include "minimind/run/run_log.h"
 
 namespace minimind {
 
@@ -45,13 +46,9 @@ struct TrainState {
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a
   // checkpoint predates it (the monitors then start afresh).
   nlohmann::json monitor;
-  // The weights the run started from (train.init_from): an object with "path" (as given),
-  // "weights" (the .pth read), "step" (its checkpoint's step, 0 for a bare .pth) and
-  // "content_key" (XXH3-128 of the .pth's bytes), "mode" and the upcycling's settings and
-  // plan, and "source_tokens" / "source_flops" (the training that made the weights, the
-  // source's own sources included; absent for a bare .pth); null for a run from random
-  // weights.
-  nlohmann::json init_from;
+  // The weights the run started from (train.init_from; run_log.h); none for a run from
+  // random weights.
+  std::optional<StartFrom> init_from;
 };
 
 // One owner per run directory: an advisory lock (flock) on run_dir/.lock, held while the
@@ -97,6 +94,12 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                             torch::optim::AdamW& optimizer, const TrainState& state, int64_t keep,
                             const std::function<void(const std::string&)>& after_file = {},
                             const ParallelContext& parallel = {});
+
+// The run layout, known here only: RUN/checkpoints/step_N/. Whether `dir` is a run directory
+// (it has checkpoints/), and the run a checkpoint directory lies in ("" when it does not lie
+// in a run's checkpoints/, such as a copy of one elsewhere).
+bool is_run_directory(const std::string& dir);
+std::string run_of_checkpoint(const std::string& checkpoint_dir);
 
 // Every checkpoint directory under run_dir with all its files, oldest first: (step, path).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);

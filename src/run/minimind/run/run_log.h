@@ -181,6 +181,43 @@ struct InitRecord {
   }
 };
 
+// state.json's "init_from": the weights a run started from (train.init_from), kept in every
+// checkpoint of the run. Fields added later are optional, so that earlier checkpoints read.
+struct StartFrom {
+  std::string path;                 // as given
+  std::optional<std::string> mode;  // "copy" or "upcycle" (unset before 2026-12-05: copy)
+  std::optional<double> upcycle_drop;
+  std::string weights;      // the .pth read
+  int64_t step = 0;         // its checkpoint's step (0 for a bare .pth)
+  std::string content_key;  // XXH3-128 of the .pth's bytes
+  // The training that made the weights, the source's own sources included (unset for a bare
+  // .pth, whose history is unknown).
+  std::optional<int64_t> source_tokens;
+  std::optional<double> source_flops;
+  // Upcycling: how the dense feed-forward was cut and scaled (weights_io.h, UpcyclePlan),
+  // the units each expert redrew, and what the start measured: the logits' gap to the dense
+  // model's and whether step 0 computes its function.
+  std::optional<bool> upcycle_scaling;
+  std::optional<int64_t> granularity, shared_granularity;
+  std::optional<double> routed_scale, shared_scale;
+  std::optional<int64_t> units_redrawn;
+  std::optional<double> output_gap;
+  std::optional<bool> preserves_function;
+
+  bool upcycled() const { return mode && *mode == "upcycle"; }
+
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("path", r.path), f("mode", r.mode), f("upcycle_drop", r.upcycle_drop);
+    f("weights", r.weights), f("step", r.step), f("content_key", r.content_key);
+    f("source_tokens", r.source_tokens), f("source_flops", r.source_flops);
+    f("upcycle_scaling", r.upcycle_scaling), f("granularity", r.granularity);
+    f("shared_granularity", r.shared_granularity), f("routed_scale", r.routed_scale);
+    f("shared_scale", r.shared_scale), f("units_redrawn", r.units_redrawn);
+    f("output_gap", r.output_gap), f("preserves_function", r.preserves_function);
+  }
+};
+
 // events.jsonl: what one trained token costs, by component (flops.h), written when a run
 // starts; metrics.jsonl's `flops` is the running total.
 struct FlopsRecord {
@@ -227,7 +264,8 @@ struct EvalSummary {
 #define MINIMIND_RUN_LOG_RECORDS(X) \
   X(TrainRecord)                    \
   X(EvalRecord)                     \
-  X(LoadRecord) X(CollapseRecord) X(UninformativeRecord) X(InitRecord) X(FlopsRecord) X(EvalSummary)
+  X(LoadRecord)                     \
+  X(CollapseRecord) X(UninformativeRecord) X(InitRecord) X(FlopsRecord) X(EvalSummary) X(StartFrom)
 
 // JSON form of each record (nlohmann's to_json/from_json, so they nest in vectors). from_json
 // throws DataError naming the field.

@@ -291,8 +291,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
     // A run started from train.init_from resumes from its own checkpoint; other weights
     // named now would be ignored, so they are refused.
     const std::string& from = cfg.train.init_from;
-    if (!from.empty() &&
-        (!saved->init_from.is_object() || saved->init_from.value("path", "") != from))
+    if (!from.empty() && (!saved->init_from || saved->init_from->path != from))
       throw ConfigError(
           "--resume and train.init_from ('" + from +
               "') together: the run resumes from its "
@@ -382,34 +381,28 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
   s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
   if (init && !s.run.checkpoint) {
-    s.state.init_from = {
-        {"path", cfg.train.init_from},
-        {"mode", cfg.train.init_mode},
-        {"upcycle_drop", cfg.train.upcycle_drop},
-        {"weights", init->weights},
-        {"step", init->step},
-        {"content_key", main_rank ? file_content_key(init->weights, "weights") : std::string()}};
-    if (init->trained_tokens)  // what made the weights, for comparisons at equal compute
-      s.state.init_from.update(
-          {{"source_tokens", *init->trained_tokens}, {"source_flops", *init->trained_flops}});
+    StartFrom r;
+    r.path = cfg.train.init_from, r.mode = cfg.train.init_mode;
+    r.upcycle_drop = cfg.train.upcycle_drop, r.weights = init->weights, r.step = init->step;
+    r.content_key = main_rank ? file_content_key(init->weights, "weights") : std::string();
+    // What made the weights, for comparisons at equal compute.
+    r.source_tokens = init->trained_tokens, r.source_flops = init->trained_flops;
     // Measured on the model as built (check_init_source): its logits against the dense
     // model's, on a fixed probe.
     const bool preserves = upcycled && from->output_gap <= kUpcycleSameFunction;
-    if (upcycled)
-      s.state.init_from.update({{"upcycle_scaling", cfg.train.upcycle_scaling},
-                                {"granularity", upcycled->granularity},
-                                {"shared_granularity", upcycled->shared_granularity},
-                                {"routed_scale", upcycled->routed_scale},
-                                {"shared_scale", upcycled->shared_scale},
-                                {"units_redrawn", from->units_redrawn},
-                                {"output_gap", from->output_gap},
-                                {"preserves_function", preserves}});
+    if (upcycled) {
+      r.upcycle_scaling = cfg.train.upcycle_scaling, r.granularity = upcycled->granularity;
+      r.shared_granularity = upcycled->shared_granularity;
+      r.routed_scale = upcycled->routed_scale, r.shared_scale = upcycled->shared_scale;
+      r.units_redrawn = from->units_redrawn, r.output_gap = from->output_gap;
+      r.preserves_function = preserves;
+    }
+    s.state.init_from = r;
     if (main_rank) {
       log.info(
           "weights from {} (step {} of its run; {}, content key {}); optimizer, step, data "
           "position and schedule start afresh",
-          cfg.train.init_from, init->step, init->weights,
-          s.state.init_from["content_key"].get<std::string>());
+          cfg.train.init_from, init->step, init->weights, r.content_key);
       if (upcycled) {
         const UpcyclePlan& p = *upcycled;
         log.info(

@@ -86,17 +86,15 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   if (main_rank) {
     bus.add(
         logs.emplace(run_dir, s->run.checkpoint ? state.step : -1, cfg.model.router_aux_loss_coef));
-    if (!s->run.checkpoint && state.init_from.is_object()) {
-      const nlohmann::json& i = state.init_from;
+    if (!s->run.checkpoint && state.init_from) {
+      const StartFrom& i = *state.init_from;
       InitRecord r;
-      r.path = i.value("path", ""), r.weights = i.value("weights", "");
-      r.source_step = i.value("step", int64_t{0}), r.content_key = i.value("content_key", "");
+      r.path = i.path, r.weights = i.weights, r.source_step = i.step;
+      r.content_key = i.content_key;
       r.message = "weights from " + r.path + " (step " + std::to_string(r.source_step) +
                   " of its run, content key " + r.content_key + ")" +
-                  (i.value("mode", "copy") == "upcycle" ? ", upcycled into experts" : "");
-      if (i.contains("source_tokens"))
-        r.source_tokens = i.at("source_tokens").get<int64_t>(),
-        r.source_flops = i.at("source_flops").get<double>();
+                  (i.upcycled() ? ", upcycled into experts" : "");
+      r.source_tokens = i.source_tokens, r.source_flops = i.source_flops;
       logs->write(r);
     }
     FlopsRecord f;

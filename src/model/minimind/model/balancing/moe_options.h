@@ -10,38 +10,55 @@
 
 namespace minimind {
 
-// The balancing lab's switches (docs/moe-routing.md, "Balancing methods, exactly"); every
-// default is MiniMind-3's routing.
+// The balancing lab's switches (docs/moe-routing.md, "Balancing methods, exactly"), read from
+// the config's keys; their defaults live in ModelConfig (config.h) only: a default-made
+// BalancingOptions is ModelConfig{}'s, MiniMind-3's routing.
 struct BalancingOptions {
-  AuxScope aux_scope = AuxScope::batch;
-  double aux_coef = 5e-4;               // router_aux_loss_coef
-  double z_coef = 0;                    // router_z_loss_coef
-  double importance_coef = 0;           // router_importance_loss_coef
-  double bias_rate = 0;                 // router_bias_update_rate: aux-loss-free selection bias
-  BiasRule bias_rule = BiasRule::sign;  // router_bias_rule
-  QbEstimator qb_estimator = QbEstimator::histogram;
-  int64_t qb_bins = 1000;
-  double qb_ema = 0;
-  double capacity_factor = 0;  // 0: dropless; else C = ceil(cf * k * T / E)
-  DropPolicy drop_policy = DropPolicy::probs;
+  AuxScope aux_scope{};
+  double aux_coef{};         // router_aux_loss_coef
+  double z_coef{};           // router_z_loss_coef
+  double importance_coef{};  // router_importance_loss_coef
+  double bias_rate{};        // router_bias_update_rate: aux-loss-free selection bias
+  BiasRule bias_rule{};      // router_bias_rule
+  QbEstimator qb_estimator{};
+  int64_t qb_bins{};
+  double qb_ema{};
+  double capacity_factor{};  // 0: dropless; else C = ceil(cf * k * T / E)
+  DropPolicy drop_policy{};
+
+  BalancingOptions() : BalancingOptions(ModelConfig()) {}
+  explicit BalancingOptions(const ModelConfig& m)
+      : aux_scope(m.aux_loss_scope),
+        aux_coef(m.router_aux_loss_coef),
+        z_coef(m.router_z_loss_coef),
+        importance_coef(m.router_importance_loss_coef),
+        bias_rate(m.router_bias_update_rate),
+        bias_rule(m.router_bias_rule),
+        qb_estimator(m.qb_estimator),
+        qb_bins(m.qb_num_bins),
+        qb_ema(m.qb_ema),
+        capacity_factor(m.capacity_factor),
+        drop_policy(m.capacity_drop_policy) {}
+
   bool dropless() const { return capacity_factor <= 0; }
   bool quantile() const { return bias_rule == BiasRule::quantile; }
   bool selection_bias() const { return bias_rate > 0 || quantile(); }
 };
 
+// Made by from(), which fills every field from the config (defaults live in config.h).
 struct MoEOptions {
-  int64_t hidden_size = 0, num_experts = 0, top_k = 0;
-  int64_t expert_ffn_size = 0;
-  int64_t shared_experts = 0, shared_ffn_size = 0;
-  bool norm_topk_prob = true;
-  RouterKind router = RouterKind::learned;
-  ScoringFunc scoring = ScoringFunc::softmax;
-  double routed_scaling = 1.0;  // the routed weights' factor (DeepSeek's routed_scaling_factor)
+  int64_t hidden_size{}, num_experts{}, top_k{};
+  int64_t expert_ffn_size{};
+  int64_t shared_experts{}, shared_ffn_size{};
+  bool norm_topk_prob{};
+  RouterKind router{};
+  ScoringFunc scoring{};
+  double routed_scaling{};  // the routed weights' factor (DeepSeek's routed_scaling_factor)
   // A hash-routed layer (one of the first hash_layers): a fixed token -> k experts table
   // over vocab_size ids chooses; the gate only weighs; no bias and no balancing loss.
-  bool hash_layer = false;
-  HashTable hash_table = HashTable::round_robin;
-  int64_t vocab_size = 0;
+  bool hash_layer{};
+  HashTable hash_table{};
+  int64_t vocab_size{};
   BalancingOptions balancing;
   ExpertShard shard;  // the routed experts this process holds (keep_expert_shard sets it)
 
@@ -57,13 +74,7 @@ struct MoEOptions {
     o.shared_experts = m.n_shared_experts, o.shared_ffn_size = m.shared_ffn_size();
     o.norm_topk_prob = m.norm_topk_prob, o.router = m.router, o.scoring = m.scoring_func;
     o.routed_scaling = m.routed_scaling_factor;
-    BalancingOptions& b = o.balancing;
-    b.aux_scope = m.aux_loss_scope, b.aux_coef = m.router_aux_loss_coef;
-    b.z_coef = m.router_z_loss_coef, b.bias_rate = m.router_bias_update_rate;
-    b.importance_coef = m.router_importance_loss_coef;
-    b.bias_rule = m.router_bias_rule, b.qb_estimator = m.qb_estimator;
-    b.qb_bins = m.qb_num_bins, b.qb_ema = m.qb_ema;
-    b.capacity_factor = m.capacity_factor, b.drop_policy = m.capacity_drop_policy;
+    o.balancing = BalancingOptions(m);
     return o;
   }
 };
