@@ -569,8 +569,9 @@ TEST(Prepare, DataPathsAreCheckedUpFrontNamingTheKey) {
   const std::string dir = temp_dir("preppaths");
   Config cfg = load_config_string("data:\n  train: " + dir + "\n", "paths.yaml");
   std::string msg = test::error_of<DataError>([&] { check_data_paths(cfg); });
-  EXPECT_NE(msg.find("data.train (paths.yaml line 2): '" + dir + "' is not a file"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("data.train (paths.yaml line 2): '" + dir + "' is a directory, not a regular file"),
+      std::string::npos)
       << msg;
   apply_override(cfg, "data.train=" + dir + "/missing.jsonl");
   msg = test::error_of<DataError>([&] { check_data_paths(cfg); });

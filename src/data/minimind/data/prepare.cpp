@@ -245,11 +245,15 @@ void check_data_paths(const Config& cfg) {
     if (path.empty()) return;
     const auto origin = cfg.origin.find(key);
     const std::string where = origin != cfg.origin.end() ? origin->second : "default";
-    if (!fs::exists(path))
+    // Opened as every reader opens it (never waiting on a FIFO), then closed again.
+    const std::string problem = InputFile().open(path);
+    if (problem == "does not exist")
       throw DataError(std::string(key) + " (" + where + "): '" + path + "' does not exist",
                       "check the path; a relative path is read from the working directory");
-    if (!fs::is_regular_file(path))
-      throw DataError(std::string(key) + " (" + where + "): '" + path + "' is not a file");
+    if (!problem.empty())
+      throw DataError(std::string(key) + " (" + where + "): '" + path + "' " + problem +
+                          (problem.rfind("is ", 0) == 0 ? ", not a regular file" : ""),
+                      "give the path of a regular file");
   };
   check("data.train", cfg.data.train);
   check("data.val", cfg.data.val);
