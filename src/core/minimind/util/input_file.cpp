@@ -7,35 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <streambuf>
 #include <utility>
 
 #include "minimind/util/output_path.h"
 
 namespace minimind {
-namespace {
-
-// A read-only stream buffer over a descriptor, 1 MiB at a time.
-class FdBuffer final : public std::streambuf {
- public:
-  explicit FdBuffer(InputFile& file) : file_(file), buf_(1 << 20, '\0') {}
-
- protected:
-  int_type underflow() override {
-    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
-    const size_t n = file_.read(buf_.data(), buf_.size());
-    if (n == 0) return traits_type::eof();
-    setg(buf_.data(), buf_.data(), buf_.data() + n);
-    return traits_type::to_int_type(*gptr());
-  }
-
- private:
-  InputFile& file_;
-  std::string buf_;
-};
-
-}  // namespace
-
 InputFile::InputFile(InputFile&& other) noexcept {
   *this = std::move(other);
 }
@@ -46,9 +22,6 @@ InputFile& InputFile::operator=(InputFile&& other) noexcept {
   fd_ = std::exchange(other.fd_, -1);
   size_ = other.size_;
   path_ = std::move(other.path_);
-  // A stream refers to its InputFile: the moved-to file starts a new one when asked.
-  other.stream_.reset();
-  other.buf_.reset();
   return *this;
 }
 
@@ -57,8 +30,6 @@ InputFile::~InputFile() {
 }
 
 void InputFile::close() {
-  stream_.reset();
-  buf_.reset();
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -141,14 +112,6 @@ bool LineReader::next(std::string& line, size_t limit, bool& cut) {
       return true;
     }
   }
-}
-
-std::istream& InputFile::stream() {
-  if (!stream_) {
-    buf_ = std::make_unique<FdBuffer>(*this);
-    stream_ = std::make_unique<std::istream>(buf_.get());
-  }
-  return *stream_;
 }
 
 }  // namespace minimind

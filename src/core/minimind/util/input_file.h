@@ -5,8 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <istream>
-#include <memory>
 #include <string>
 
 #include "minimind/error.h"
@@ -36,16 +34,12 @@ class InputFile {
   std::string read_all();
   // Reads up to n bytes at the current position; 0 at the end (a read error throws).
   size_t read(char* buf, size_t n);
-  // A buffered stream over the file, for line readers (valid while this object lives).
-  std::istream& stream();
 
  private:
   void close();
   int fd_ = -1;
   uint64_t size_ = 0;
   std::string path_;
-  std::unique_ptr<std::streambuf> buf_;
-  std::unique_ptr<std::istream> stream_;
 };
 
 // Lines of an input file read in 1 MiB blocks, each kept up to a limit: a line without an

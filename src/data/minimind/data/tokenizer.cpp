@@ -133,8 +133,6 @@ std::vector<std::string> special_names_of_config(const std::string& text,
   return names;
 }
 
-namespace {}  // namespace
-
 std::string run_tokenizer_file(const std::string& run_dir) {
   for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
     const std::filesystem::path p = std::filesystem::path(run_dir) / name;
@@ -152,9 +150,8 @@ const char* const kTokenizerKinds =
 
 std::string run_tokenizer_name(const std::string& path) {
   InputFile in = open_input<TokenizerError>(path, "tokenizer", "a tokenizer file");
-  std::istream& s = in.stream();
   char c = 0;
-  while (s.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  while (in.read(&c, 1) == 1 && std::isspace(static_cast<unsigned char>(c))) {
   }
   return c == '{' ? "tokenizer.json" : "tokenizer.model";
 }

@@ -82,6 +82,12 @@ std::string printable_head(const std::string& bytes) {
 
 }  // namespace
 
+bool is_hash_table(const std::string& name) {
+  static const std::string suffix = ".gate.tid2eid";
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 c10::IValue read_pickle(const std::string& path) {
   std::string bytes =
       open_input<WeightsError>(path, "weights file", "a file written by torch.save").read_all();
@@ -172,8 +178,7 @@ void load_mapped(MiniMindForCausalLM& model, const std::map<std::string, torch::
     } else if (it->second.is_floating_point() != t.is_floating_point()) {
       problems.push_back(from.name + (t.is_floating_point() ? " is not a floating-point tensor"
                                                             : " is not an integer tensor"));
-    } else if (!t.is_floating_point() && name.size() > 8 &&
-               name.compare(name.size() - 8, 8, ".tid2eid") == 0 && it->second.numel() > 0) {
+    } else if (is_hash_table(name) && it->second.numel() > 0) {
       // A hash layer's table of expert ids: an id outside the experts would index past them.
       const int64_t lo = it->second.min().item<int64_t>(), hi = it->second.max().item<int64_t>();
       const int64_t E = model->config().num_experts;

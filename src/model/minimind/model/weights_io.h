@@ -76,6 +76,9 @@ int64_t drop_upcycle(MiniMindForCausalLM& model, double ratio);
 double upcycled_output_gap(MiniMindForCausalLM& moe, const std::string& dense_path);
 inline constexpr double kUpcycleSameFunction = 1e-5;
 
+// Whether a state-dict name is a hash layer's table of expert ids (gate.tid2eid [V, k]).
+bool is_hash_table(const std::string& name);
+
 // Reads any torch.save'd {str: tensor} dict (fixtures, weights). Throws WeightsError.
 NamedTensors read_tensor_dict(const std::string& path);
 

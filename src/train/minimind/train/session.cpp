@@ -88,8 +88,7 @@ std::optional<UpcyclePlan> load_init_weights(MiniMindForCausalLM& model, const T
 std::map<std::string, torch::Tensor> hash_tables(const MiniMindForCausalLM& model) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& b : model->named_buffers())
-    if (b.key().size() > 8 && b.key().compare(b.key().size() - 8, 8, ".tid2eid") == 0)
-      out[b.key()] = b.value().clone();
+    if (is_hash_table(b.key())) out[b.key()] = b.value().clone();
   return out;
 }
 
