@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
     if (!variants.empty()) return print_variants(cfg, variants, steps, warmup, plan_for);
 
     torch::manual_seed(0);
-    MiniMindForCausalLM model(cfg.model);
+    MiniMindForCausalLM model(cfg.model, plan.products());
     init_weights(model);
     model->train();
     auto opt = make_optimizer(model->parameters(), cfg.train);

@@ -160,22 +160,6 @@ int tokenize_command(const Args& a) {
   return 0;
 }
 
-// --set on the run's config: only run.* keys (how to compute); the model, data and training
-// keys are the checkpoint's.
-void apply_run_settings(minimind::Config& cfg, const std::vector<std::string>& sets) {
-  using namespace minimind;
-  for (const auto& s : sets) {
-    if (s.rfind("run.", 0) != 0)
-      throw ConfigError("--set " + s + ": minimind-eval takes run.* keys only",
-                        "the model and its data come from the checkpoint; --set changes how it "
-                        "is computed (run.precision, run.matmul, run.threads, "
-                        "run.bf16_emulation)");
-    apply_override(cfg, s);
-  }
-  // Its warnings are about the model, which --set cannot change (training showed them).
-  if (!sets.empty()) validate_and_resolve(cfg);
-}
-
 // The run's data, prepared (cached), when it has a validation split; `purpose` ends the
 // error's hint.
 minimind::PreparedData validation_split(const minimind::Config& cfg, int threads,
@@ -588,13 +572,13 @@ int main(int argc, char** argv) {
           "--prompt is empty: give the text to continue (to evaluate the loss, use "
           "minimind-eval loss PATH)");
     const bool need_tokenizer = gen->parsed() || !a.data.empty() || !a.data_list.empty();
-    EvalModel m = load_eval_model(a.path, a.config, a.tokenizer, need_tokenizer);
+    EvalCompute how;
+    how.run_settings = a.sets;
+    if (!a.precision.empty()) how.run_settings.push_back("run.precision=" + a.precision);
+    if (a.threads >= 0) how.run_settings.push_back("run.threads=" + std::to_string(a.threads));
+    EvalModel m = load_eval_model(a.path, a.config, a.tokenizer, need_tokenizer, how);
     spdlog::info("loaded {}", m.weights);
-    std::vector<std::string> sets = a.sets;
-    if (!a.precision.empty()) sets.push_back("run.precision=" + a.precision);
-    if (a.threads >= 0) sets.push_back("run.threads=" + std::to_string(a.threads));
-    apply_run_settings(m.config, sets);
-    const ComputePlan plan = plan_compute(m.config, this_machine(), {});
+    const ComputePlan& plan = m.plan;
     const ComputeScope compute(plan);
     spdlog::info("{}", plan.describe());
     const int threads = plan.threads;

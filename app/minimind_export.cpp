@@ -41,13 +41,12 @@ int main(int argc, char** argv) {
     return status;
   minimind_app::use_console_logger("minimind-export");
   return minimind::run_main([&] {
-    const minimind::EvalModel m = minimind::load_eval_model(path, config, tokenizer, true);
-    spdlog::info("loaded {}", m.weights);
     // No products here: the plan gives the weight conversions their threads.
-    minimind::Workload work;
-    work.products = false;
-    const minimind::ComputePlan plan =
-        minimind::plan_compute(m.config, minimind::this_machine(), work);
+    minimind::EvalCompute how;
+    how.work.products = false;
+    const minimind::EvalModel m = minimind::load_eval_model(path, config, tokenizer, true, how);
+    spdlog::info("loaded {}", m.weights);
+    const minimind::ComputePlan& plan = m.plan;
     const minimind::ComputeScope compute(plan);
     spdlog::info("{}", plan.describe());
     minimind::export_model(m, format, dtype, out, overwrite);

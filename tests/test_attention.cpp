@@ -87,7 +87,7 @@ double relative(const torch::Tensor& a, const torch::Tensor& b) {
 // query heads (4 on 2 kv heads) and one query head per kv head (3 on 3).
 class Bf16Attention : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
 TEST_P(Bf16Attention, NodeMatchesFloat64OnRoundedInputs) {
-  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
+  const test::PlanScope compute(Precision::bf16, MatmulBackend::onednn);
   torch::manual_seed(11);
   const int64_t B = 2, T = 150, heads = GetParam().first, kv = GetParam().second, d = 16;
   auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
@@ -97,7 +97,8 @@ TEST_P(Bf16Attention, NodeMatchesFloat64OnRoundedInputs) {
                       g = torch::randn({B, T, heads * d});
   torch::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
                 v = v0.clone().requires_grad_();
-  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);
+  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true, compute.products(),
+                                             attention_node(compute.products(), 0.0));
   out.backward(g);
   const Float64Attention want(q0, k0, v0);
   const torch::Tensor want_out =
@@ -117,15 +118,16 @@ INSTANTIATE_TEST_SUITE_P(Heads, Bf16Attention,
 // float64 on the same inputs, output and gradients within what fp32 sums and e^x's few ulp
 // allow (bf16's rounding would be 1e-3); grouped heads, and a T past two query blocks.
 TEST(Attention, Fp32NodeOnOneDnnMatchesFloat64) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  const test::PlanScope compute(Precision::fp32, MatmulBackend::onednn);
   torch::manual_seed(13);
   const int64_t B = 2, T = 150, heads = 4, kv = 2, d = 16;
   const torch::Tensor q0 = torch::randn({B, T, heads, d}), k0 = torch::randn({B, T, kv, d}),
                       v0 = torch::randn({B, T, kv, d}), g = torch::randn({B, T, heads * d});
   torch::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(),
                 v = v0.clone().requires_grad_();
-  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);
-  ASSERT_NE(out.grad_fn()->name().find("CausalAttentionNode"), std::string::npos)
+  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true, compute.products(),
+                                             attention_node(compute.products(), 0.0));
+  ASSERT_NE(out.grad_fn()->name().find("CausalAttentionFused"), std::string::npos)
       << "the ATen form ran: " << out.grad_fn()->name();
   out.backward(g);
   const Float64Attention want(q0, k0, v0);
@@ -139,10 +141,11 @@ TEST(Attention, Fp32NodeOnOneDnnMatchesFloat64) {
 
 // fp32 on OpenBLAS keeps the ATen form (PyTorch's numbers bit for bit).
 TEST(Attention, Fp32OnOpenBlasKeepsTheAtenForm) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::openblas));
+  const test::PlanScope compute(Precision::fp32, MatmulBackend::openblas);
   torch::Tensor q = torch::randn({1, 8, 2, 4}).requires_grad_(), k = torch::randn({1, 8, 1, 4});
-  const torch::Tensor out = causal_attention(q, k, k, 64, 0.0, true);
-  EXPECT_EQ(out.grad_fn()->name().find("CausalAttentionNode"), std::string::npos);
+  const torch::Tensor out = causal_attention(q, k, k, 64, 0.0, true, compute.products(),
+                                             attention_node(compute.products(), 0.0));
+  EXPECT_EQ(out.grad_fn()->name().find("CausalAttentionFused"), std::string::npos);
 }
 
 // The node's backward forms the softmax (rounded in bf16) again instead of keeping it: it
@@ -153,13 +156,15 @@ TEST(Attention, Fp32OnOpenBlasKeepsTheAtenForm) {
 class AttentionNode : public ::testing::TestWithParam<Precision> {};
 TEST_P(AttentionNode, FormsTheSameSoftmaxAgainInItsBackward) {
   const bool bf16 = GetParam() == Precision::bf16;
-  const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn));
+  const test::PlanScope compute(GetParam(), MatmulBackend::onednn);
   torch::manual_seed(12);
   const int64_t T = 80, rep = 2, M = T * rep, d = M;  // one kv head, d wide enough for both
   torch::Tensor q = (3 * torch::randn({1, T, rep, d})).requires_grad_(),
                 k = (3 * torch::randn({1, T, 1, d})).requires_grad_();
   torch::Tensor v = torch::eye(T, d).view({1, T, 1, d}).requires_grad_();
-  const torch::Tensor out = causal_attention(q, k, v, 64, 0.0, true);  // [1, T, rep*d]
+  const torch::Tensor out =
+      causal_attention(q, k, v, 64, 0.0, true, compute.products(),
+                       attention_node(compute.products(), 0.0));  // [1, T, rep*d]
   // Row m = (position t, head h) of the node's [M, d] view gets gradient e_m.
   out.backward(torch::eye(M, d).view({1, T, rep * d}));
   const torch::Tensor forward_p = out.view({M, d}).narrow(1, 0, T);  // [M, T]

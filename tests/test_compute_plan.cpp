@@ -129,14 +129,30 @@ TEST(ComputePlan, DescribesItselfAndSurvivesItsJson) {
   EXPECT_EQ(d[1], "threads: 2 -> 1");
 
   nlohmann::json broken = p.to_json();
+  EXPECT_EQ(broken["precision"], "bf16");  // closed choices by their names
+  EXPECT_EQ(broken["matmul"], "onednn");
   broken["matmul"] = "auto";  // a plan holds a resolved library
-  EXPECT_THROW(ComputePlan::from_json(broken), ConfigError);
+  EXPECT_THROW(ComputePlan::from_json(broken), DataError);
+  broken["matmul"] = "mkl";
+  EXPECT_THROW(ComputePlan::from_json(broken), DataError);
+  broken["matmul"] = "onednn";
+  broken["threads"] = "2";
+  try {
+    ComputePlan::from_json(broken);
+    ADD_FAILURE() << "a mistyped field was read";
+  } catch (const DataError& e) {
+    EXPECT_NE(e.message().find("'threads'"), std::string::npos) << e.message();
+  }
   broken.erase("threads");
-  EXPECT_THROW(ComputePlan::from_json(broken), ConfigError);
+  EXPECT_THROW(ComputePlan::from_json(broken), DataError);
+  // A plan written before run.bf16_emulation existed: read as without it.
+  nlohmann::json older = p.to_json();
+  older.erase("bf16_emulation");
+  EXPECT_FALSE(ComputePlan::from_json(older).bf16_emulation);
 }
 
-// The scope sets the products' settings and both thread counts, and restores the previous
-// ones when it ends, nested or left by an exception.
+// The scope sets both thread counts, and restores the previous ones when it ends, nested or
+// left by an exception. (The products are the model's: ComputePlan::products.)
 TEST(ComputeScope, AppliesAPlanAndRestoresWhatWasThere) {
   const ComputeScope outer(test::test_plan(Precision::fp32, MatmulBackend::openblas, 1));
   ASSERT_EQ(blas_threads(), 1) << "OpenBLAS is the BLAS (Blas.OptimisedBlasIsLoaded)";
@@ -144,22 +160,20 @@ TEST(ComputeScope, AppliesAPlanAndRestoresWhatWasThere) {
     ComputePlan p = test::test_plan(Precision::bf16, MatmulBackend::onednn, 2);
     p.torch_threads = 2;
     const ComputeScope inner(p);
-    EXPECT_EQ(product_settings().precision, Precision::bf16);
-    EXPECT_EQ(product_settings().fp32, MatmulBackend::onednn);
     EXPECT_EQ(blas_threads(), 2);
     EXPECT_EQ(torch::get_num_threads(), 2);
   }
-  EXPECT_EQ(product_settings().precision, Precision::fp32);
-  EXPECT_EQ(product_settings().fp32, MatmulBackend::openblas);
   EXPECT_EQ(blas_threads(), 1);
   EXPECT_EQ(torch::get_num_threads(), 1);
   try {
-    const ComputeScope failing(test::test_plan(Precision::bf16, MatmulBackend::onednn, 2));
+    ComputePlan p = test::test_plan(Precision::bf16, MatmulBackend::onednn, 2);
+    p.torch_threads = 2;
+    const ComputeScope failing(p);
     throw std::runtime_error("left by an exception");
   } catch (const std::runtime_error&) {
   }
-  EXPECT_EQ(product_settings().precision, Precision::fp32);
   EXPECT_EQ(blas_threads(), 1);
+  EXPECT_EQ(torch::get_num_threads(), 1);
 }
 
 }  // namespace

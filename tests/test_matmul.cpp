@@ -43,7 +43,7 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
   for (const int threads : {1, 2}) {    // 2: the output split over two cores
     for (const int path : {0, 1, 2}) {  // fp32, bf16, bf16 through the fallback
       const Precision p = path == 0 ? Precision::fp32 : Precision::bf16;
-      const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, threads));
+      const test::PlanScope compute(p, MatmulBackend::onednn, threads);
       force_bf16_gemm_fallback(path == 2);
       torch::manual_seed(3);
       struct Case {
@@ -59,15 +59,16 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
         const torch::Tensor want = rounded(a, p).mm(rounded(b, p));
         // Plain, both transposed views, and column ranges of wider buffers (row stride >
         // columns) for a, b and the output.
-        EXPECT_LT(relative_error(matmul(a, b, p), want), kFp32Accumulation);
+        EXPECT_LT(relative_error(matmul(a, b, compute.products()), want), kFp32Accumulation);
         const torch::Tensor at = a.t().contiguous().t(), bt = b.t().contiguous().t();
-        EXPECT_LT(relative_error(matmul(at, bt, p), want), kFp32Accumulation);
+        EXPECT_LT(relative_error(matmul(at, bt, compute.products()), want), kFp32Accumulation);
         const torch::Tensor wide_a = torch::randn({c.M, c.K + 7}),
                             wide_b = torch::randn({c.K, c.N + 5});
         wide_a.narrow(1, 3, c.K).copy_(a);
         wide_b.narrow(1, 2, c.N).copy_(b);
         torch::Tensor out = torch::full({c.M, c.N + 9}, 7.0f);
-        matmul_into(out.narrow(1, 4, c.N), wide_a.narrow(1, 3, c.K), wide_b.narrow(1, 2, c.N), p);
+        matmul_into(out.narrow(1, 4, c.N), wide_a.narrow(1, 3, c.K), wide_b.narrow(1, 2, c.N),
+                    compute.products());
         EXPECT_LT(relative_error(out.narrow(1, 4, c.N), want), kFp32Accumulation);
         EXPECT_TRUE(out.narrow(1, 0, 4).eq(7).all().item<bool>()) << "wrote left of the view";
         EXPECT_TRUE(out.narrow(1, 4 + c.N, 5).eq(7).all().item<bool>()) << "wrote right of it";
@@ -82,7 +83,7 @@ TEST(Matmul, EveryLayoutAndSplitAgreesWithAFloat64Product) {
 TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(name_of(p));
-    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, 2));
+    const test::PlanScope compute(p, MatmulBackend::onednn, 2);
     // [300, 40] outputs: split by rows when OpenBLAS gives the products two cores.
     const int64_t cores = std::max(1, blas_threads()), rows = 300 / cores;
     const torch::Tensor a = torch::randn({300, 64}), b = torch::randn({64, 40}),
@@ -94,9 +95,9 @@ TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
       const ProductLog log;
       EXPECT_THROW(ProductLog(), c10::Error);
       const Stopwatch clock;
-      matmul(a, b, p);
-      matmul(a, b, p);
-      in_part(StepPart::attention, [&] { matmul(a, w.t(), p); });
+      matmul(a, b, compute.products());
+      matmul(a, b, compute.products());
+      in_part(StepPart::attention, [&] { matmul(a, w.t(), compute.products()); });
       wall = clock.seconds();
       counts = log.counts();
       tallies = log.tallies();
@@ -109,7 +110,7 @@ TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
       seconds += t.seconds;
     }
     EXPECT_LE(seconds, wall * cores);
-    matmul(a, b, p);  // no log: not counted (the next log starts empty)
+    matmul(a, b, compute.products());  // no log: not counted (the next log starts empty)
     // w.t() is read in place in fp32 ('T'); bf16 rounds it into a packed copy.
     const char tb = p == Precision::fp32 ? 'T' : 'N';
     // Without oneDNN's bf16 GEMM (a CPU without AVX-512) a bf16 product runs, and is logged,
@@ -127,7 +128,7 @@ TEST(Matmul, ProductLogCountsEachCoresProductsByShapeAndPart) {
 TEST(Matmul, TimesAProductAloneOnOneCore) {
   const int threads_before = blas_threads();
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
-    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn, 2));
+    const test::PlanScope compute(p, MatmulBackend::onednn, 2);
     ProductShape shape{StepPart::product_forward, p, 'N', 'T', 96, 48, 32};
     EXPECT_DOUBLE_EQ(shape.flops(), 2.0 * 96 * 48 * 32);
     const double seconds = time_product_alone(shape);
@@ -141,14 +142,15 @@ TEST(Matmul, TimesAProductAloneOnOneCore) {
 
 TEST(Matmul, BatchedProductsAgreeWithAFloat64Product) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
-    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn));
+    const test::PlanScope compute(p, MatmulBackend::onednn);
     torch::manual_seed(4);
     const torch::Tensor a = torch::randn({6, 70, 16}), b = torch::randn({6, 16, 90});
     const torch::Tensor want = rounded(a, p).bmm(rounded(b, p));
-    EXPECT_LT(relative_error(batched_matmul(a, b, p), want), kFp32Accumulation);
-    EXPECT_LT(
-        relative_error(batched_matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2), p), want),
-        kFp32Accumulation);
+    EXPECT_LT(relative_error(batched_matmul(a, b, compute.products()), want), kFp32Accumulation);
+    EXPECT_LT(relative_error(batched_matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2),
+                                            compute.products()),
+                             want),
+              kFp32Accumulation);
   }
 }
 
@@ -235,13 +237,13 @@ TEST(Matmul, AnOptimizerStepMakesTheCopyStale) {
 TEST(Matmul, ProjectionAndAttentionProductsBackwardOnTheSamePath) {
   for (const Precision p : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(p == Precision::bf16 ? "bf16" : "fp32 on oneDNN");
-    const ComputeScope compute(test::test_plan(p, MatmulBackend::onednn));
+    const test::PlanScope compute(p, MatmulBackend::onednn);
     const double tol = p == Precision::bf16 ? 2e-2 : kFp32Accumulation;
     torch::manual_seed(5);
     const torch::Tensor x0 = torch::randn({3, 50, 24}), w0 = torch::randn({40, 24});
     const torch::Tensor g = torch::randn({3, 50, 40});
     torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
-    const torch::Tensor y = project(x, w);
+    const torch::Tensor y = project(x, w, compute.products());
     y.backward(g);
     torch::Tensor xd = rounded(x0, p).requires_grad_(), wd = rounded(w0, p).requires_grad_();
     const torch::Tensor yd = torch::linear(xd, wd);
@@ -253,7 +255,7 @@ TEST(Matmul, ProjectionAndAttentionProductsBackwardOnTheSamePath) {
     const torch::Tensor a0 = torch::randn({2, 3, 20, 8}), b0 = torch::randn({2, 3, 8, 30});
     const torch::Tensor gc = torch::randn({2, 3, 20, 30});
     torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
-    const torch::Tensor c = batched_product(a, b);
+    const torch::Tensor c = batched_product(a, b, compute.products());
     c.backward(gc);
     torch::Tensor ad = rounded(a0, p).requires_grad_(), bd = rounded(b0, p).requires_grad_();
     const torch::Tensor cd = torch::matmul(ad, bd);

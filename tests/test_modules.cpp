@@ -76,7 +76,7 @@ TEST(RMSNorm, FusedBackwardEqualsAutogradOfTheFormula) {
 // it) is the output rounded element by element, also after the copy was handed over; once
 // the output changes in place, to_bf16 rounds the new numbers.
 TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
-  const ComputeScope bf16(test::test_plan(Precision::bf16, MatmulBackend::onednn, 2));
+  const test::PlanScope bf16(Precision::bf16, MatmulBackend::onednn, 2);
   torch::manual_seed(9);
   for (const int64_t H : {256, 32, 37}) {
     SCOPED_TRACE("H " + std::to_string(H));
@@ -84,7 +84,7 @@ TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
     torch::Tensor xa = x0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
     torch::Tensor xb = x0.clone().requires_grad_(), wb = w0.clone().requires_grad_();
     const torch::Tensor want = wa * (xa * torch::rsqrt(xa.pow(2).mean(-1, true) + 1e-5));
-    torch::Tensor got = rms_norm(xb, wb, 1e-5, /*rounded_copy=*/true);
+    torch::Tensor got = rms_norm(xb, wb, 1e-5, norm_node(bf16.products(), /*rounded_copy=*/true));
     EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-6))
         << "max |difference| " << (got - want).abs().max().item<float>();
     EXPECT_FALSE(torch::equal(got, want)) << "the one-pass forward did not run";
@@ -111,15 +111,16 @@ TEST(RMSNorm, Bf16TrainingForwardMatchesTheFormulaAndHandsOverItsRoundedCopy) {
 TEST(RMSNorm, Fp32OnOneDnnTakesTheOnePassForwardAndOpenBlasTheFormula) {
   torch::manual_seed(11);
   for (const auto backend : {MatmulBackend::onednn, MatmulBackend::openblas}) {
-    const ComputeScope plan(test::test_plan(Precision::fp32, backend, 2));
+    const test::PlanScope plan(Precision::fp32, backend, 2);
     for (const int64_t H : {256, 32, 37}) {
       SCOPED_TRACE("H " + std::to_string(H) +
                    (backend == MatmulBackend::onednn ? " onednn" : " openblas"));
       const torch::Tensor x0 = 3 * torch::randn({4, 50, H}), w0 = 1 + 0.1 * torch::randn({H});
       const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
       const torch::Tensor want = w0 * (x0 * torch::rsqrt(x0.pow(2).mean(-1, true) + 1e-5));
-      const torch::Tensor got = rms_norm(x, w, 1e-5, /*rounded_copy=*/true);
-      EXPECT_NE(got.grad_fn()->name().find("FusedRMSNorm"), std::string::npos);
+      const NormNode node = norm_node(plan.products(), /*rounded_copy=*/true);
+      const torch::Tensor got = rms_norm(x, w, 1e-5, node);
+      EXPECT_NE(got.grad_fn()->name().find("RMSNormFused"), std::string::npos);
       if (backend == MatmulBackend::openblas) {
         EXPECT_TRUE(torch::equal(got, want));
         continue;
@@ -128,7 +129,7 @@ TEST(RMSNorm, Fp32OnOneDnnTakesTheOnePassForwardAndOpenBlasTheFormula) {
           << "max |difference| " << (got - want).abs().max().item<float>();
       EXPECT_FALSE(torch::equal(got, want)) << "the one-pass forward did not run";
       const AddNormed two = add_rms_norm(x0.clone().requires_grad_(), torch::zeros_like(x0), w,
-                                         1e-5, /*rounded_copy=*/true, /*grad_copy=*/true);
+                                         1e-5, node, /*grad_copy=*/true);
       EXPECT_TRUE(torch::allclose(two.normed, want, 1e-6, 1e-6));
       EXPECT_FALSE(torch::equal(two.normed, want)) << "the one-pass forward did not run";
     }
@@ -141,8 +142,7 @@ TEST(RMSNorm, Fp32OnOneDnnTakesTheOnePassForwardAndOpenBlasTheFormula) {
 TEST(RMSNorm, AddAndNormInOneNodeEqualsTheAddThenTheNorm) {
   torch::manual_seed(10);
   for (const bool bf16 : {false, true}) {
-    const ComputeScope plan(
-        test::test_plan(bf16 ? Precision::bf16 : Precision::fp32, MatmulBackend::onednn, 2));
+    const test::PlanScope plan(bf16 ? Precision::bf16 : Precision::fp32, MatmulBackend::onednn, 2);
     for (const auto type : {torch::kFloat32, torch::kFloat64}) {
       if (bf16 && type == torch::kFloat64) continue;  // bf16 training is float32 only
       for (const int64_t H : {256, 37}) {
@@ -158,11 +158,12 @@ TEST(RMSNorm, AddAndNormInOneNodeEqualsTheAddThenTheNorm) {
           auto leaf = [](const torch::Tensor& t) { return t.clone().requires_grad_(); };
           torch::Tensor a1 = leaf(a0), b1 = leaf(b0), w1 = leaf(w0);
           torch::Tensor a2 = leaf(a0), b2 = leaf(b0), w2 = leaf(w0);
-          const torch::Tensor s1 = a1 + b1, y1 = rms_norm(s1, w1, 1e-5, bf16);
-          const AddNormed two = add_rms_norm(a2, b2, w2, 1e-5, bf16, /*grad_copy=*/bf16);
+          const NormNode node = norm_node(plan.products(), /*rounded_copy=*/bf16);
+          const torch::Tensor s1 = a1 + b1, y1 = rms_norm(s1, w1, 1e-5, node);
+          const AddNormed two = add_rms_norm(a2, b2, w2, 1e-5, node, /*grad_copy=*/bf16);
           EXPECT_TRUE(torch::equal(two.sum, s1));
           EXPECT_TRUE(torch::equal(two.normed, y1));
-          EXPECT_NE(two.sum.grad_fn()->name().find("FusedAddRMSNorm"), std::string::npos);
+          EXPECT_NE(two.sum.grad_fn()->name().find("AddRMSNormFused"), std::string::npos);
           auto run = [&](const torch::Tensor& s, const torch::Tensor& y) {
             if (uses == 0) torch::autograd::backward({s, y}, {gs, gy});
             if (uses == 1) y.backward(gy);

@@ -152,7 +152,7 @@ TEST(MoE, SingleTokenPathEqualsTheBatchedDispatch) {
 // expert's gradients zero, a token whose slots were all dropped gets zero. With OpenBLAS on
 // 2 threads the experts run two at once. (The golden-loss test checks the bits.)
 TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::openblas, 2));
+  const test::PlanScope compute(Precision::fp32, MatmulBackend::openblas, 2);
   for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
     torch::manual_seed(12);
     const int64_t N = 12, H = 24, I = 40;
@@ -179,7 +179,8 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
       if (counts[e] > 0) parts.push_back(a[e](xs.narrow(0, off, counts[e])));
     const torch::Tensor want =
         torch::zeros({N, H}, opt).index_add(0, token, torch::cat(parts) * wa.unsqueeze(1));
-    const torch::Tensor got = routed_experts(xb, token, wb, counts, b);
+    const torch::Tensor got = routed_experts(xb, token, wb, counts, b,
+                                             experts_node(compute.products()), compute.products());
     const double tol = dtype == torch::kFloat32 ? 1e-6 : 1e-12;
     EXPECT_TRUE(torch::allclose(got, want, tol, tol))
         << "max |difference| " << (got - want).abs().max().item<double>();
@@ -205,7 +206,7 @@ TEST(RoutedExperts, EqualTheGatherExpertsScatterFormThroughAutograd) {
   }
 }
 
-// The dense feed-forward's node (swiglu_fused.h, taken by FeedForward in bf16 training and
+// The dense feed-forward's node (feed_forward_fused.cpp, taken by FeedForward in bf16 training and
 // in fp32 training on oneDNN) against the unfused form in the same precision: the same
 // products through project() and ATen's silu and mul between them. Both take the same
 // operands; they differ in the SwiGLU's exp (a polynomial against ATen's, a few ulp), in the
@@ -224,19 +225,20 @@ TEST_P(FusedFeedForward, MatchesTheUnfusedForm) {
     const int threads = run == 0 ? 1 : 2;
     force_bf16_gemm_fallback(run == 2);
     SCOPED_TRACE("threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
-    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
+    const test::PlanScope compute(GetParam(), MatmulBackend::onednn, threads);
     torch::manual_seed(22);
     const int64_t N = 100, H = 48, I = 80;
-    FeedForward ff(H, I);
+    FeedForward ff(H, I, compute.products());
     for (auto& p : ff->parameters()) p.data().normal_(0.0, 0.3);
     const torch::Tensor x0 = torch::randn({2, N / 2, H}), g = torch::randn({2, N / 2, H});
     torch::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
     std::vector<torch::Tensor> plain;  // gate, down, up (registration order)
     for (const auto& p : ff->parameters()) plain.push_back(p.detach().clone().requires_grad_());
+    const Products pr = compute.products();
     const torch::Tensor want =
-        project(torch::silu(project(xa, plain[0])) * project(xa, plain[2]), plain[1]);
+        project(torch::silu(project(xa, plain[0], pr)) * project(xa, plain[2], pr), plain[1], pr);
     const torch::Tensor got = ff(xb);
-    ASSERT_NE(got.grad_fn()->next_edges()[0].function->name().find("DenseSwiGLU"),
+    ASSERT_NE(got.grad_fn()->next_edges()[0].function->name().find("DenseSwiGLUFused"),
               std::string::npos);
     auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
       return (a - b).norm().item<double>() / b.norm().item<double>();
@@ -250,9 +252,11 @@ TEST_P(FusedFeedForward, MatchesTheUnfusedForm) {
       EXPECT_LE(rel(params[i].grad(), plain[i].grad()), tol) << "weight " << i;
     if (!bf16) continue;
     // fp32's output is farther away: the node ran in bf16.
-    const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::onednn, threads));
+    const Products fp32{Precision::fp32, MatmulBackend::onednn};
     torch::NoGradGuard no_grad;
-    EXPECT_GT(rel(ff(x0), got.detach()), 2e-3);
+    const torch::Tensor in_fp32 = project(
+        torch::silu(project(x0, plain[0], fp32)) * project(x0, plain[2], fp32), plain[1], fp32);
+    EXPECT_GT(rel(in_fp32, got.detach()), 2e-3);
   }
   force_bf16_gemm_fallback(false);
 }
@@ -277,7 +281,7 @@ TEST_P(FusedRoutedExperts, MatchThePlainFormOnTheSameOperands) {
     const int threads = run == 0 ? 1 : 2;
     force_bf16_gemm_fallback(run == 2);
     SCOPED_TRACE("OpenBLAS threads " + std::to_string(threads) + (run == 2 ? ", fallback" : ""));
-    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
+    const test::PlanScope compute(GetParam(), MatmulBackend::onednn, threads);
     torch::manual_seed(21);
     const int64_t N = 12, H = 32, I = 40;
     const std::vector<int64_t> counts{5, 0, 9, 3};  // expert 1 idle
@@ -312,7 +316,8 @@ TEST_P(FusedRoutedExperts, MatchThePlainFormOnTheSameOperands) {
     }
     const torch::Tensor want =
         torch::zeros({N, H}).index_add(0, token, torch::cat(parts) * wa.unsqueeze(1));
-    const torch::Tensor got = routed_experts(xb, token, wb, counts, experts);
+    const torch::Tensor got = routed_experts(xb, token, wb, counts, experts,
+                                             experts_node(compute.products()), compute.products());
     ASSERT_NE(got.grad_fn()->name().find("RoutedSwiGLUFused"), std::string::npos)
         << got.grad_fn()->name();
     auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {

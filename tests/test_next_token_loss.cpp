@@ -76,7 +76,7 @@ TEST_P(HeadAndLossNode, MatchesItsFormula) {
     return (bf16 ? t.to(torch::kBFloat16) : t).to(torch::kDouble);
   };
   for (const int threads : {1, 2}) {
-    const ComputeScope compute(test::test_plan(GetParam(), MatmulBackend::onednn, threads));
+    const test::PlanScope compute(GetParam(), MatmulBackend::onednn, threads);
     torch::manual_seed(6);
     const int64_t B = 3, T = 70, H = 48, V = 6400;  // 210 rows
     const torch::Tensor h0 = torch::randn({B, T, H}), w0 = 0.2 * torch::randn({V, H});
@@ -86,7 +86,8 @@ TEST_P(HeadAndLossNode, MatchesItsFormula) {
     const torch::Tensor counted = targets.ne(-100);
     const torch::Tensor hb = operand(h0).reshape({-1, H}), wb = operand(w0);
     // u [B*T, V]: the last position and the ignored label's row stay 0.
-    const torch::Tensor logits = project(h0, w0).detach();  // [B, T, V] the node's product
+    const Products pr = compute.products();
+    const torch::Tensor logits = project(h0, w0, pr).detach();  // [B, T, V] the node's product
     torch::Tensor u = torch::zeros({B, T, V});
     u.narrow(1, 0, T - 1)
         .copy_(-torch::softmax(logits.narrow(1, 0, T - 1), -1))
@@ -97,8 +98,9 @@ TEST_P(HeadAndLossNode, MatchesItsFormula) {
       SCOPED_TRACE("threads " + std::to_string(threads) + (mean ? " mean" : " sum"));
       torch::Tensor ha = h0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
       torch::Tensor hn = h0.clone().requires_grad_(), wn = w0.clone().requires_grad_();
-      const torch::Tensor want = next_token_loss(project(ha, wa), labels, mean);
-      const torch::Tensor got = head_next_token_loss(hn, wn, labels, mean);
+      const torch::Tensor want =
+          next_token_loss(project(ha, wa, pr), labels, mean, training_node(pr));
+      const torch::Tensor got = head_next_token_loss(hn, wn, labels, pr, mean);
       EXPECT_EQ(got.item<float>(), want.item<float>());
       (got * 1.7).backward();
       const double c = -1.7 / (mean ? counted.sum().item<double>() : 1.0);
@@ -112,17 +114,18 @@ TEST_P(HeadAndLossNode, MatchesItsFormula) {
       // form's (not the NaN of 0 * (upstream / 0)).
       torch::Tensor hz = h0.clone().requires_grad_(), wz = w0.clone().requires_grad_();
       const torch::Tensor none = torch::full({B, T}, -100, torch::kLong);
-      const torch::Tensor lz = head_next_token_loss(hz, wz, none, mean);
+      const torch::Tensor lz = head_next_token_loss(hz, wz, none, pr, mean);
       EXPECT_EQ(std::isnan(lz.item<float>()), mean);
       lz.backward();
       EXPECT_TRUE(hz.grad().eq(0).all().item<bool>());
       EXPECT_TRUE(wz.grad().eq(0).all().item<bool>());
       // Not vacuous: the node ran; bf16's products are not fp32's; in fp32 the loss is
       // within a few ulp of ATen's on OpenBLAS (PyTorch's numbers).
-      EXPECT_NE(got.grad_fn()->name().find("HeadNextTokenLoss"), std::string::npos);
-      const ComputeScope other(test::test_plan(
-          Precision::fp32, bf16 ? MatmulBackend::onednn : MatmulBackend::openblas, threads));
-      const float plain = next_token_loss(project(h0, w0), labels, mean).item<float>();
+      EXPECT_NE(got.grad_fn()->name().find("HeadNextTokenLossFused"), std::string::npos);
+      const test::PlanScope other(Precision::fp32,
+                                  bf16 ? MatmulBackend::onednn : MatmulBackend::openblas, threads);
+      const float plain =
+          next_token_loss(project(h0, w0, other.products()), labels, mean).item<float>();
       if (bf16) {
         EXPECT_GT(std::abs(plain - got.item<float>()), 0.0f);
       } else {
@@ -152,12 +155,12 @@ TEST(NextTokenLoss, OwnTrainingLoopsMatchAtenWithinTolerance) {
       torch::Tensor a = logits0.clone().requires_grad_(), b = logits0.clone().requires_grad_();
       torch::Tensor want, got;
       {
-        const ComputeScope fp32(test::test_plan(Precision::fp32, MatmulBackend::openblas, 2));
+        const test::PlanScope fp32(Precision::fp32, MatmulBackend::openblas, 2);
         want = next_token_loss(a, labels, mean);  // ATen's
       }
       {
-        const ComputeScope bf16(test::test_plan(Precision::bf16, MatmulBackend::onednn, 2));
-        got = next_token_loss(b, labels, mean);  // the own loops
+        const test::PlanScope bf16(Precision::bf16, MatmulBackend::onednn, 2);
+        got = next_token_loss(b, labels, mean, training_node(bf16.products()));  // the own loops
       }
       EXPECT_NEAR(got.item<float>(), want.item<float>(), 1e-5 * std::abs(want.item<float>()));
       (want * 1.7).backward();

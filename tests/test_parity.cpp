@@ -98,10 +98,12 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
-MiniMindForCausalLM build(const c10::Dict<c10::IValue, c10::IValue>& fx, const std::string& name) {
+// The fixture's model, built with `products` (fp32 on OpenBLAS: PyTorch's numbers).
+MiniMindForCausalLM build(const c10::Dict<c10::IValue, c10::IValue>& fx, const std::string& name,
+                          const Products& products = {}) {
   Config cfg = load_config_string(fx.at("config_yaml").toStringRef(), name + ".pt");
   validate_and_resolve(cfg);
-  MiniMindForCausalLM model(cfg.model);
+  MiniMindForCausalLM model(cfg.model, products);
   load_weights(model, fixtures_dir() + "/" + name + ".weights.pth");
   return model;
 }
@@ -445,7 +447,7 @@ TEST(ParityEval, EvaluateEqualsReferenceLoss) {
 //    token differently (each rounds the router's input differently), gradients of the
 //    experts involved differ by that token's share, so only the loss is compared then.
 TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
-  const ComputeScope compute(test::test_plan(Precision::bf16, MatmulBackend::onednn));
+  const test::PlanScope compute(Precision::bf16, MatmulBackend::onednn);
   for (const std::string name :
        {"dense_train", "moe_top1_norm_train", "moe_top2_norm_train", "lab_minimind2"}) {
     SCOPED_TRACE(name);
@@ -453,7 +455,7 @@ TEST(ParityBf16, MatchesTheSchemeAndTorchAutocast) {
     const auto bf16 = load_fixture("bf16_" + name);
     const auto scheme = bf16.at("scheme").toGenericDict(), ac = bf16.at("bf16").toGenericDict(),
                ref = bf16.at("fp32").toGenericDict();
-    MiniMindForCausalLM model = build(fx, name);
+    MiniMindForCausalLM model = build(fx, name, compute.products());
     model->train();
     torch::manual_seed(kSeedForward);
     ForwardOutput out = model(fx.at("input_ids").toTensor(), fx.at("labels").toTensor());

@@ -325,6 +325,30 @@ TEST(Checkpoint, DataPositionInRowsAndOlderBatchCounts) {
   EXPECT_EQ(old.loader_batches, 12);
 }
 
+// The fp32 library is stored once, in the plan; checkpoints of 2026-12-02/03 named only the
+// library ("matmul"), and a resumed run still reads it there.
+TEST(Checkpoint, StoresTheLibraryOnceInThePlanAndReadsTheOlderField) {
+  CheckpointSetup c("cklibrary");
+  auto& [dir, cfg, model, opt, s] = c;
+  s.step = 3;
+  s.plan = test::test_plan(Precision::fp32, MatmulBackend::onednn);
+  const std::string path = save_checkpoint(dir, model, *opt, s, 3);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path + "/state.json"));
+  EXPECT_FALSE(j.contains("matmul"));
+  EXPECT_EQ(j["plan"]["matmul"], "onednn");
+  EXPECT_EQ(read_checkpoint_state(path).fp32_library(), MatmulBackend::onednn);
+  j.erase("crc32");  // nor did checkpoints of that time
+  j.erase("plan");
+  j["matmul"] = "openblas";
+  std::ofstream(path + "/state.json") << j.dump();
+  const TrainState old = read_checkpoint_state(path);
+  EXPECT_FALSE(old.plan);
+  EXPECT_EQ(old.fp32_library(), MatmulBackend::openblas);
+  j.erase("matmul");  // older still: no library named, auto decides afresh
+  std::ofstream(path + "/state.json") << j.dump();
+  EXPECT_FALSE(read_checkpoint_state(path).fp32_library());
+}
+
 TEST(Checkpoint, KeepsOnlyTheNewest) {
   CheckpointSetup c("ckkeep");
   auto& [dir, cfg, model, opt, s] = c;

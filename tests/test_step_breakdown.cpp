@@ -88,12 +88,13 @@ TEST(StepBreakdown, ExclusiveTimesGoToTheirParts) {
   EXPECT_THROW(break_down_step({span("aten::mm", 1, 0, 1)}, 1), std::runtime_error);
 }
 
-// A model of the bench config `preset` with two layers, and one optimizer step of it on
-// random ids [2, T] each call.
-std::function<void()> two_layer_step(const std::string& preset, int64_t T = 64) {
+// A model of the bench config `preset` with two layers built with `products`, and one
+// optimizer step of it on random ids [2, T] each call.
+std::function<void()> two_layer_step(const std::string& preset, int64_t T,
+                                     const Products& products) {
   const Config cfg = bench_config(preset, {"model.num_hidden_layers=2"});
   torch::manual_seed(0);
-  MiniMindForCausalLM model(cfg.model);
+  MiniMindForCausalLM model(cfg.model, products);
   init_weights(model);
   model->train();
   std::shared_ptr<torch::optim::AdamW> opt = make_optimizer(model->parameters(), cfg.train);
@@ -112,8 +113,8 @@ std::function<void()> two_layer_step(const std::string& preset, int64_t T = 64) 
 
 // A real MoE step, recorded: the rows add up to the step, and the parts the model marks show.
 TEST(StepBreakdown, RecordsATrainingStep) {
-  auto step = two_layer_step("moe-top1");
-  step();  // warm-up
+  auto step = two_layer_step("moe-top1", 64, Products{});  // fp32 on OpenBLAS
+  step();                                                  // warm-up
   StepRecorder recorder;
   const Stopwatch clock;
   {
@@ -153,7 +154,7 @@ StepBreakdown hundred_ms_step() {
 // The products alone: shapes to the breakdown's rows, counts per step, and the step with its
 // product rows at their lone time.
 TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  const test::PlanScope compute(Precision::fp32, MatmulBackend::onednn);
   const StepBreakdown b = hundred_ms_step();
   const ProductShape fwd{StepPart::product_forward, Precision::fp32, 'N', 'T', 64, 32, 16};
   const ProductShape att{StepPart::attention, Precision::fp32, 'N', 'N', 16, 8, 32};
@@ -183,7 +184,7 @@ TEST(ProductsAlone, RowsFollowTheBreakdownPerStep) {
 // weight; any in attention's blocks) are one, with each dimension's range, their calls and
 // times per step (core time / cores), most time lost first.
 TEST(ProductsAlone, FamiliesJoinShapesThatDifferInTheirTokens) {
-  const ComputeScope compute(test::test_plan(Precision::fp32, MatmulBackend::onednn));
+  const test::PlanScope compute(Precision::fp32, MatmulBackend::onednn);
   const StepBreakdown b = hundred_ms_step();
   const Precision f32 = Precision::fp32;
   const ProductShape fwd_a{StepPart::product_forward, f32, 'N', 'T', 40, 32, 16},
@@ -241,10 +242,10 @@ TEST(ProductsAlone, FamiliesJoinShapesThatDifferInTheirTokens) {
 TEST(ProductsAlone, TheLogSeesEveryProductOfATrainingStep) {
   for (const Precision prec : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(name_of(prec));
-    const ComputeScope compute(test::test_plan(prec, MatmulBackend::onednn));
+    const test::PlanScope compute(prec, MatmulBackend::onednn);
     const Config cfg = bench_config("moe-top2", {"model.num_hidden_layers=2"});
     const int64_t B = 2, T = 64;
-    auto step = two_layer_step("moe-top2", T);
+    auto step = two_layer_step("moe-top2", T, compute.products());
     std::map<ProductShape, int64_t> counts;
     double kernel_seconds = 0, wall = 0;
     {

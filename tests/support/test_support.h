@@ -55,6 +55,17 @@ inline ComputePlan test_plan(Precision precision, MatmulBackend matmul, int thre
   return plan_compute(c, this_machine(), {});
 }
 
+// A test case's compute: test_plan applied (its threads) while it lives, and its products,
+// which the case builds its model and calls the product functions with.
+struct PlanScope {
+  PlanScope(Precision precision, MatmulBackend matmul, int threads = 1)
+      : plan(test_plan(precision, matmul, threads)), scope(plan) {}
+  Products products() const { return plan.products(); }
+
+  const ComputePlan plan;
+  const ComputeScope scope;
+};
+
 // A tiny MoE (hidden 32, 2 layers, 4 experts top-2, vocab 512) on small_corpus(dir): a run
 // of 8 steps takes about a second. `extra` are --set style overrides applied before
 // validation; data and cache live in dir.

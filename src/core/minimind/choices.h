@@ -29,8 +29,8 @@ enum class RouterKind { learned, random, hash };
 // run.precision: the matrix products' input precision (docs/precision.md). bf16 rounds their
 // inputs to bfloat16 and accumulates in fp32; weights, gradients and everything else stay fp32.
 enum class Precision { fp32, bf16 };
-// run.matmul: which library runs the fp32 products ("auto": the faster on this CPU, by a
-// probe at start-up). bf16 products always run on oneDNN.
+// run.matmul: which library runs the fp32 products ("auto": a rule on the CPU's instruction
+// sets, auto_matmul in util/matmul.h). bf16 products always run on oneDNN.
 enum class MatmulBackend { automatic, openblas, onednn };
 
 // choice_names<E>(): the YAML name of each value, in the enum's order.

@@ -96,44 +96,14 @@ std::string ComputePlan::describe() const {
 }
 
 nlohmann::json ComputePlan::to_json() const {
-  return {{"precision", name_of(precision)},
-          {"bf16_emulation", bf16_emulation},
-          {"matmul", name_of(matmul)},
-          {"matmul_reason", matmul_reason},
-          {"threads", threads},
-          {"blas_threads", blas_threads},
-          {"torch_threads", torch_threads},
-          {"shards", shards},
-          {"expert_parallel", expert_parallel},
-          {"world_size", world_size},
-          {"cpu", cpu}};
+  return write_record(*this);
 }
 
 ComputePlan ComputePlan::from_json(const nlohmann::json& j) {
   ComputePlan p;
-  auto text = [&](const char* key) {
-    const auto it = j.find(key);
-    if (it == j.end() || !it->is_string())
-      throw ConfigError(std::string("compute plan: field '") + key + "' missing or not text");
-    return it->get<std::string>();
-  };
-  auto number = [&](const char* key) {
-    const auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer())
-      throw ConfigError(std::string("compute plan: field '") + key + "' missing or not a number");
-    return it->get<int>();
-  };
-  if (!parse_choice(text("precision"), p.precision) || !parse_choice(text("matmul"), p.matmul) ||
-      p.matmul == MatmulBackend::automatic)
-    throw ConfigError("compute plan: unknown precision or matmul '" + text("precision") + "', '" +
-                      text("matmul") + "'");
-  const auto emulation = j.find("bf16_emulation");
-  p.bf16_emulation = emulation != j.end() && emulation->is_boolean() && emulation->get<bool>();
-  p.matmul_reason = text("matmul_reason");
-  p.threads = number("threads"), p.blas_threads = number("blas_threads");
-  p.torch_threads = number("torch_threads"), p.shards = number("shards");
-  p.expert_parallel = number("expert_parallel"), p.world_size = number("world_size");
-  p.cpu = text("cpu");
+  read_record(j, p);
+  if (p.matmul == MatmulBackend::automatic)
+    throw DataError("field 'matmul' is \"auto\": a plan holds the library it resolved");
   return p;
 }
 
@@ -154,17 +124,12 @@ std::vector<std::string> ComputePlan::differences(const ComputePlan& before) con
 }
 
 ComputeScope::ComputeScope(const ComputePlan& plan)
-    : precision_(product_settings().precision),
-      matmul_(product_settings().fp32),
-      blas_threads_(blas_threads()),
-      torch_threads_(torch::get_num_threads()) {
-  set_product_settings({plan.precision, plan.matmul});
+    : blas_threads_(blas_threads()), torch_threads_(torch::get_num_threads()) {
   if (plan.blas_threads > 0) set_blas_threads(plan.blas_threads);
   torch::set_num_threads(plan.torch_threads);
 }
 
 ComputeScope::~ComputeScope() {
-  set_product_settings({precision_, matmul_});
   if (blas_threads_ > 0) set_blas_threads(blas_threads_);
   torch::set_num_threads(torch_threads_);
 }

@@ -1,13 +1,13 @@
 // How a program computes, decided once: the products' precision and fp32 library, the cores
 // and how they are split between OpenBLAS and torch, the micro-batch shards and the
 // expert-parallel degree. Every program builds one plan from its resolved config and the
-// machine (plan_compute), prints it (describe), and runs inside a ComputeScope that applies
-// it; a training run stores it in state.json. Nothing else sets these.
+// machine (plan_compute), prints it (describe), builds its model with the plan's products
+// (products(): each module picks its forward from them when it is built) and runs inside a
+// ComputeScope that applies the rest; a training run stores it in state.json. Nothing else
+// sets these.
 //
-// Why one place: the settings reach the kernels through process-wide state (the products'
-// settings in util/matmul.h, OpenBLAS's and torch's thread counts). Set from several places,
-// a program could accept a key and compute with another value; with one plan the line a
-// program prints is what it ran.
+// Why one place: set from several places, a program could accept a key and compute with
+// another value; with one plan the line a program prints is what it ran.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "minimind/config.h"
+#include "minimind/util/json_fields.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/products.h"
 
 namespace minimind {
 
@@ -54,13 +56,27 @@ struct ComputePlan {
   int world_size = 1;
   std::string cpu;  // "AMD EPYC 7B13 (avx2 avx512f avx512_bf16)"
 
+  // What the model is built with (MiniMindForCausalLM's constructor).
+  Products products() const { return {precision, matmul}; }
+
   // One line: "compute plan: matrix products in fp32 on oneDNN (run.matmul: auto, AVX-512
   // CPU); 2 threads (OpenBLAS 2, torch 1); each micro-batch in 2 shards side by side; CPU
   // AMD EPYC 7B13 (avx2 avx512f avx512_bf16)".
   std::string describe() const;
-  // For state.json; from_json reads what to_json wrote (ConfigError naming a bad field).
+  // For state.json, through fields() (util/json_fields.h); from_json reads what to_json
+  // wrote (DataError naming a missing or mistyped field, or an unresolved library).
   nlohmann::json to_json() const;
   static ComputePlan from_json(const nlohmann::json& j);
+  template <class R, class F>
+  static void fields(R& r, F&& f) {
+    f("precision", r.precision);
+    // Plans written before run.bf16_emulation existed lack it: they ran without it.
+    f("bf16_emulation", or_absent(r.bf16_emulation, false));
+    f("matmul", r.matmul), f("matmul_reason", r.matmul_reason);
+    f("threads", r.threads), f("blas_threads", r.blas_threads);
+    f("torch_threads", r.torch_threads), f("shards", r.shards);
+    f("expert_parallel", r.expert_parallel), f("world_size", r.world_size), f("cpu", r.cpu);
+  }
   // The fields two runs can differ in, named by their keys ("run.precision: fp32 -> bf16"),
   // for a resumed run's log.
   std::vector<std::string> differences(const ComputePlan& before) const;
@@ -93,10 +109,10 @@ ComputePlan with_matmul(ComputePlan plan, MatmulBackend matmul, const std::strin
 // order (dropout, the random router) or ranks the whole batch's tokens (capacity).
 int batch_shards(const ModelConfig& model, int64_t batch_size, int threads);
 
-// Applies a plan to this process (the products' settings, OpenBLAS's and torch's thread
-// counts) while it lives and restores what was there before when it ends, also when an
-// exception leaves the scope. Scopes nest; a program holds one for its whole run, a test one
-// per case, minimind-bench one per variant in turn.
+// Applies what of a plan is truly per process, OpenBLAS's and torch's thread counts, while it
+// lives and restores what was there before when it ends, also when an exception leaves the
+// scope. (The products are not here: the model is built with them.) Scopes nest; a program
+// holds one for its whole run, a test one per case, minimind-bench one per variant in turn.
 class ComputeScope {
  public:
   explicit ComputeScope(const ComputePlan& plan);
@@ -105,9 +121,7 @@ class ComputeScope {
   ComputeScope& operator=(const ComputeScope&) = delete;
 
  private:
-  Precision precision_;  // what was there before
-  MatmulBackend matmul_;
-  int blas_threads_, torch_threads_;
+  int blas_threads_, torch_threads_;  // what was there before
 };
 
 }  // namespace minimind

@@ -33,8 +33,6 @@ MINIMIND_CPU_CLONES void round_to_bf16(const float* __restrict src, uint16_t* __
 
 namespace {
 
-ProductSettings g_settings;  // set at start-up, before the first product
-
 // ProductLog's tallies: one at a time, kept here so that a kernel never sees a freed log.
 struct ProductTallies {
   std::mutex mutex;
@@ -189,16 +187,6 @@ torch::Tensor round_tensor_to_bf16(const torch::Tensor& x) {
 
 }  // namespace
 
-const ProductSettings& product_settings() {
-  return g_settings;
-}
-
-void set_product_settings(const ProductSettings& settings) {
-  TORCH_CHECK(settings.fp32 != MatmulBackend::automatic,
-              "set_product_settings: resolve run.matmul first");
-  g_settings = settings;
-}
-
 void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation) {
   if (!cpu.bf16() && !bf16_emulation) {
     std::ostringstream msg;
@@ -222,10 +210,6 @@ bool bf16_gemm_native() {
 
 void force_bf16_gemm_fallback(bool on) {
   g_force_bf16_fallback = on;
-}
-
-bool products_leave_aten(Precision precision) {
-  return precision == Precision::bf16 || g_settings.fp32 == MatmulBackend::onednn;
 }
 
 namespace {
@@ -455,12 +439,12 @@ torch::Tensor to_operand_cat(const std::vector<torch::Tensor>& parameters, Preci
 }
 
 void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                 Precision precision) {
+                 const Products& products) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) &&
                   c.size(0) == a.size(0) && c.size(1) == b.size(1),
               "matmul_into: shapes ", a.sizes(), " x ", b.sizes(), " -> ", c.sizes());
   const bool fp32 = c.scalar_type() == torch::kFloat32;
-  if (!fp32 || !products_leave_aten(precision)) {
+  if (!fp32 || !products.leave_aten()) {
     at::mm_out(c, a, b);  // float64 (the fp64 tests), or fp32 on OpenBLAS
     return;
   }
@@ -472,7 +456,7 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
     return;
   }
   const int64_t ldc = c.size(0) == 1 ? N : c.stride(0);
-  if (precision == Precision::bf16) {  // gemm_bf16_rows falls back to fp32 where it must
+  if (products.precision == Precision::bf16) {  // gemm_bf16_rows falls back to fp32 where it must
     gemm_bf16(to_bf16(a), to_bf16(b), c, ldc);
     return;
   }
@@ -482,23 +466,25 @@ void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b
                K);
 }
 
-torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision) {
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, const Products& products) {
   const auto type = a.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : a.scalar_type();
   torch::Tensor c = torch::empty({a.size(0), b.size(1)}, a.options().dtype(type));
-  matmul_into(c, a, b, precision);
+  matmul_into(c, a, b, products);
   return c;
 }
 
-torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision) {
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b,
+                             const Products& products) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
               "batched_matmul: shapes ", a.sizes(), " x ", b.sizes());
   const auto type = a.scalar_type() == torch::kBFloat16 ? torch::kFloat32 : a.scalar_type();
-  if (type != torch::kFloat32 || !products_leave_aten(precision)) return torch::bmm(a, b);
+  if (type != torch::kFloat32 || !products.leave_aten()) return torch::bmm(a, b);
   const int64_t n = a.size(0);
-  const torch::Tensor ab = precision == Precision::bf16 ? to_bf16(a) : a;
-  const torch::Tensor bb = precision == Precision::bf16 ? to_bf16(b) : b;
+  const bool bf16 = products.precision == Precision::bf16;
+  const torch::Tensor ab = bf16 ? to_bf16(a) : a;
+  const torch::Tensor bb = bf16 ? to_bf16(b) : b;
   torch::Tensor c = torch::empty({n, a.size(1), b.size(2)}, a.options().dtype(type));
-  run_blas_tasks(n, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], precision); });
+  run_blas_tasks(n, [&](int64_t i) { matmul_into(c[i], ab[i], bb[i], products); });
   return c;
 }
 

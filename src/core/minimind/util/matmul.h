@@ -26,19 +26,10 @@
 
 #include "minimind/choices.h"
 #include "minimind/util/matmul_peak.h"
+#include "minimind/util/products.h"
 #include "minimind/util/step_part.h"
 
 namespace minimind {
-
-struct ProductSettings {
-  Precision precision = Precision::fp32;
-  MatmulBackend fp32 = MatmulBackend::openblas;  // resolved: openblas or onednn
-};
-
-// This process's settings (default: fp32 on OpenBLAS). Set by a ComputeScope
-// (compute_plan.h), nothing else.
-const ProductSettings& product_settings();
-void set_product_settings(const ProductSettings& settings);
 
 // Throws ConfigError (naming run.precision, the CPU and what emulation costs) when `cpu`
 // has no bf16 instructions, unless `bf16_emulation`.
@@ -53,12 +44,12 @@ void check_bf16_cpu(const CpuFeatures& cpu, bool bf16_emulation);
 // docs/performance.md, "Which library").
 MatmulBackend auto_matmul(const CpuFeatures& cpu);
 
-// c [M, N] = a [M, K] @ b [K, N] in `precision` (for float32 tensors; float64 ones take
+// c [M, N] = a [M, K] @ b [K, N] as `products` say (for float32 tensors; float64 ones take
 // ATen's product). a and b may be transposed views; c must have unit column stride. bf16
 // inputs may be passed already rounded (dtype bfloat16).
 void matmul_into(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                 Precision precision);
-torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
+                 const Products& products);
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, const Products& products);
 
 // c [M, N] (row stride ldc) = op(a) [M, K] @ op(b) [K, N] in bf16 with fp32 sums and output,
 // on raw arrays of bfloat16 bits: trans 'N' (op(x)'s rows at stride ld) or 'T' (op(x) is
@@ -83,7 +74,8 @@ inline void gemm_rows(char ta, char tb, int64_t M, int64_t N, int64_t K, const f
 }
 
 // c [n, M, N] = a [n, M, K] @ b [n, K, N], the n products spread over the cores.
-torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b, Precision precision);
+torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b,
+                             const Products& products);
 
 // x rounded to bfloat16 (as is if it already is). A parameter's copy is kept until the
 // parameter changes (its version counter moves: an optimizer step) or is freed, so a step
@@ -152,9 +144,6 @@ void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
 // force_bf16_gemm_fallback(true) takes that route on any CPU (for tests).
 bool bf16_gemm_native();
 void force_bf16_gemm_fallback(bool on);
-
-// Whether products in `precision` of float32 tensors leave ATen's own ops (OpenBLAS).
-bool products_leave_aten(Precision precision);
 
 // ---- The products some work ran, by shape: minimind-bench --breakdown times each again
 // alone to show how far a step's products are from their own speed. Only the oneDNN

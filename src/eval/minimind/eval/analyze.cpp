@@ -247,7 +247,7 @@ RoutingAnalysis analyze_routing(EvalModel& m, const AnalyzeOptions& o) {
   if (!earlier.empty()) {
     std::vector<int64_t> steps;
     std::vector<std::vector<std::vector<int64_t>>> topk;
-    MiniMindForCausalLM other(mc);
+    MiniMindForCausalLM other(mc, m.model->products());
     other->eval();
     for (const auto& [step, dir] : earlier) {
       if (o.progress) o.progress(fmt::format("saturation: checkpoint step {}", step));

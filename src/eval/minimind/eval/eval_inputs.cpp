@@ -61,8 +61,24 @@ WeightsSource find_weights(const std::string& path) {
   return w;
 }
 
+namespace {
+
+void apply_run_settings(Config& cfg, const std::vector<std::string>& sets) {
+  for (const auto& s : sets) {
+    if (s.rfind("run.", 0) != 0)
+      throw ConfigError("--set " + s + ": minimind-eval takes run.* keys only",
+                        "the model and its data come from the checkpoint; --set changes how it "
+                        "is computed (run.precision, run.matmul, run.threads, "
+                        "run.bf16_emulation)");
+    apply_override(cfg, s);
+  }
+}
+
+}  // namespace
+
 EvalModel load_eval_model(const std::string& path, const std::string& config_path,
-                          const std::string& tokenizer_path, bool need_tokenizer) {
+                          const std::string& tokenizer_path, bool need_tokenizer,
+                          const EvalCompute& compute) {
   EvalModel m;
   const WeightsSource source = find_weights(path);
   m.weights = source.weights;
@@ -95,8 +111,14 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
     m.config = load_config_file(find_config_file(config_path));
   }
   validate_and_resolve(m.config);
+  if (!compute.run_settings.empty()) {
+    apply_run_settings(m.config, compute.run_settings);
+    // Its warnings are about the model, which run.* keys cannot change (shown above).
+    validate_and_resolve(m.config);
+  }
   check_model_fits_memory(m.config.model, /*training=*/false);
-  m.model = MiniMindForCausalLM(m.config.model);
+  m.plan = plan_compute(m.config, this_machine(), compute.work);
+  m.model = MiniMindForCausalLM(m.config.model, m.plan.products());
   load_weights(m.model, m.weights);
 
   std::string tok = tokenizer_path;

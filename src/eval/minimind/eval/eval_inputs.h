@@ -4,7 +4,9 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "minimind/compute_plan.h"
 #include "minimind/config.h"
 #include "minimind/data/token_file.h"
 #include "minimind/data/tokenizer.h"
@@ -14,6 +16,8 @@ namespace minimind {
 
 struct EvalModel {
   Config config;
+  ComputePlan plan;  // how the model computes (load_eval_model plans it and builds the
+                     // model with plan.products())
   MiniMindForCausalLM model{nullptr};
   std::optional<Tokenizer> tokenizer;
   std::string run_dir;  // "" for a bare .pth
@@ -40,10 +44,18 @@ WeightsSource find_weights(const std::string& path);
 // path: checkpoints/step_X/ (config from its state.json), a run directory (its newest
 // checkpoint), or a .pth file (config_path required). The tokenizer is tokenizer_path, else
 // the run's own copy (tokenizer.json or tokenizer.model), else the config's data.tokenizer;
-// its vocabulary must equal model.vocab_size. Throws CheckpointError / WeightsError /
-// TokenizerError / ConfigError.
+// its vocabulary must equal model.vocab_size. The compute plan is made for `compute` on this
+// machine before the model is built. Throws CheckpointError / WeightsError / TokenizerError /
+// ConfigError.
+struct EvalCompute {
+  // --set on the checkpoint's config: run.* keys only (how to compute, "run.precision=bf16");
+  // the model, data and training keys are the checkpoint's.
+  std::vector<std::string> run_settings;
+  Workload work;
+};
 EvalModel load_eval_model(const std::string& path, const std::string& config_path,
-                          const std::string& tokenizer_path, bool need_tokenizer);
+                          const std::string& tokenizer_path, bool need_tokenizer,
+                          const EvalCompute& compute = {});
 
 // Tokenises a JSONL corpus into a temporary token file (documents [bos] + ids + [eos]).
 // max_docs < 0: all records.

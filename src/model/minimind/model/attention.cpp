@@ -32,18 +32,20 @@ std::pair<torch::Tensor, torch::Tensor> LayerKVCache::append(const torch::Tensor
   return {k_.narrow(1, 0, length_), v_.narrow(1, 0, length_)};
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& cfg)
+AttentionImpl::AttentionImpl(const ModelConfig& cfg, const Products& products)
     : heads_(cfg.num_attention_heads),
       kv_heads_(cfg.num_key_value_heads),
       head_dim_(cfg.head_dim()),
-      dropout_(cfg.dropout) {
+      dropout_(cfg.dropout),
+      products_(products),
+      node_(attention_node(products, cfg.dropout)) {
   const int64_t H = cfg.hidden_size;
   q_proj = register_module("q_proj", linear_no_bias(H, heads_ * head_dim_));
   k_proj = register_module("k_proj", linear_no_bias(H, kv_heads_ * head_dim_));
   v_proj = register_module("v_proj", linear_no_bias(H, kv_heads_ * head_dim_));
   o_proj = register_module("o_proj", linear_no_bias(heads_ * head_dim_, H));
-  q_norm = register_module("q_norm", RMSNorm(head_dim_, cfg.rms_norm_eps));
-  k_norm = register_module("k_norm", RMSNorm(head_dim_, cfg.rms_norm_eps));
+  q_norm = register_module("q_norm", RMSNorm(head_dim_, cfg.rms_norm_eps, products));
+  k_norm = register_module("k_norm", RMSNorm(head_dim_, cfg.rms_norm_eps, products));
 }
 
 namespace {
@@ -58,17 +60,15 @@ torch::Tensor attention_probs(const torch::Tensor& scores, double dropout, bool 
 }  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block, double dropout,
-                               bool training) {
+                               const torch::Tensor& v, int64_t block, double dropout, bool training,
+                               const Products& products, NodeChoice node) {
   const StepScope part(StepPart::attention);
   const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
   const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
   const double scale = std::sqrt(static_cast<double>(d));
-  // Training whose products leave ATen (bf16, or fp32 on oneDNN): one node for scores, mask,
-  // softmax and the product with v, taking q, k and v in the model's layout. fp32 on OpenBLAS
-  // keeps the ATen form below: PyTorch's numbers bit for bit.
-  if (own_training_node(q) && (dropout == 0 || !training))
-    return causal_attention_node(q, k, v, block, product_settings().precision);
+  // Our node: one node for scores, mask, softmax and the product with v, taking q, k and v in
+  // the model's layout. ATen's form below keeps PyTorch's numbers bit for bit on OpenBLAS.
+  if (runs_own_node(node, q)) return causal_attention_node(q, k, v, block, products.precision);
   // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
   // ordered (position, head), so a block of positions is a contiguous range of rows.
   const torch::Tensor qg = q.view({B, T, kv, rep, d})
@@ -86,12 +86,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   std::vector<torch::Tensor> outs;
   for (int64_t t0 = 0; t0 < T; t0 += block) {
     const int64_t n = std::min(block, T - t0), end = t0 + n;  // queries [t0, end)
-    torch::Tensor scores = batched_product(qg.narrow(2, t0 * rep, n * rep), kt.narrow(3, 0, end)) /
+    torch::Tensor scores = batched_product(qg.narrow(2, t0 * rep, n * rep), kt.narrow(3, 0, end),
+                                           products) /
                            scale;  // [B, kv, n*rep, end]
     torch::Tensor mask = diagonal_mask.narrow(0, 0, n * rep).narrow(1, 0, n);
     if (t0 > 0) mask = torch::cat({torch::zeros({n * rep, t0}, mask.options()), mask}, 1);
     torch::Tensor probs = attention_probs(scores + mask, dropout, training);
-    outs.push_back(batched_product(probs, vt.narrow(2, 0, end)));  // [B, kv, n*rep, d]
+    outs.push_back(batched_product(probs, vt.narrow(2, 0, end), products));  // [B, kv, n*rep, d]
   }
   torch::Tensor out = outs.size() == 1 ? outs[0] : torch::cat(outs, 2);  // [B, kv, T*rep, d]
   return out.view({B, kv, T, rep, d}).permute({0, 2, 1, 3, 4}).reshape({B, T, heads * d});
@@ -103,11 +104,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   const int64_t past = cache ? cache->length() : 0;
   const int64_t rep = heads_ / kv_heads_;  // query heads per kv head
 
-  torch::Tensor q =
-      q_norm(project(x, q_proj->weight).view({B, T, heads_, head_dim_}));  // [B, T, h, d]
-  torch::Tensor k =
-      k_norm(project(x, k_proj->weight).view({B, T, kv_heads_, head_dim_}));        // [B, T, kv, d]
-  torch::Tensor v = project(x, v_proj->weight).view({B, T, kv_heads_, head_dim_});  // [B, T, kv, d]
+  torch::Tensor q = q_norm(
+      project(x, q_proj->weight, products_).view({B, T, heads_, head_dim_}));  // [B, T, h, d]
+  torch::Tensor k = k_norm(
+      project(x, k_proj->weight, products_).view({B, T, kv_heads_, head_dim_}));  // [B, T, kv, d]
+  torch::Tensor v =
+      project(x, v_proj->weight, products_).view({B, T, kv_heads_, head_dim_});  // [B, T, kv, d]
 
   torch::Tensor cos = rope.cos.narrow(0, past, T), sin = rope.sin.narrow(0, past, T);
   q = apply_rotary(q, cos, sin);
@@ -115,14 +117,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   if (cache) std::tie(k, v) = cache->append(k, v);
   torch::Tensor out;  // [B, T, h*d]
   if (past == 0) {
-    out = causal_attention(q, k, v, kAttentionBlock, dropout_, is_training());
+    out = causal_attention(q, k, v, kAttentionBlock, dropout_, is_training(), products_, node_);
   } else {
     // Queries after cached positions (generation): query i (absolute position past + i)
     // sees keys 0..past + i; a single query (a generated token) sees every key.
     const StepScope part(StepPart::attention);
     const int64_t S = k.size(1);  // keys visible: past + T
     torch::Tensor qg = q.transpose(1, 2).reshape({B, kv_heads_, rep * T, head_dim_});
-    torch::Tensor scores = batched_product(qg, k.permute({0, 2, 3, 1})) /
+    torch::Tensor scores = batched_product(qg, k.permute({0, 2, 3, 1}), products_) /
                            std::sqrt(static_cast<double>(head_dim_));  // [B, kv, rep*T, S]
     if (T > 1)
       scores =
@@ -130,10 +132,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
                        .triu(past + 1)
                        .repeat({rep, 1});
     torch::Tensor probs = attention_probs(scores, dropout_, is_training());
-    out = batched_product(probs, v.transpose(1, 2));  // [B, kv, rep*T, d]
+    out = batched_product(probs, v.transpose(1, 2), products_);  // [B, kv, rep*T, d]
     out = out.view({B, heads_, T, head_dim_}).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
   }
-  return torch::dropout(project(out, o_proj->weight), dropout_, is_training());  // [B, T, H]
+  return torch::dropout(project(out, o_proj->weight, products_), dropout_,
+                        is_training());  // [B, T, H]
 }
 
 }  // namespace minimind

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "minimind/config.h"
+#include "minimind/model/node_choice.h"
 #include "minimind/model/rms_norm.h"
 #include "minimind/model/rope.h"
 
@@ -27,14 +28,21 @@ class LayerKVCache {
   int64_t length_ = 0;
 };
 
+// The attention's forward (node_choice.h): our node in training where products leave ATen,
+// except with dropout, which our node does not draw.
+inline NodeChoice attention_node(const Products& products, double dropout) {
+  return dropout == 0 ? training_node(products) : NodeChoice::aten;
+}
+
 // Causal attention of T queries over the same T positions (no cache before them), in
 // query blocks of `block` positions: block b's queries see keys [0, end of b), so the
 // scores above the diagonal blocks (future keys) are never computed; only the diagonal
 // blocks need a mask. block >= T is the whole masked square, as MiniMind computes it.
-// q: [B, T, heads, d], k and v: [B, T, kv_heads, d] -> [B, T, heads * d].
+// q: [B, T, heads, d], k and v: [B, T, kv_heads, d] -> [B, T, heads * d]. Products as
+// `products` say; where `node` takes our node, causal_attention_node.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block, double dropout,
-                               bool training);
+                               const torch::Tensor& v, int64_t block, double dropout, bool training,
+                               const Products& products = {}, NodeChoice node = NodeChoice::aten);
 
 // causal_attention's node in training whose products leave ATen, bf16 or fp32 on oneDNN
 // (attention_fused.cpp): q [B, T, h, d], k and v [B, T, kv, d], float32 -> [B, T, h * d]
@@ -48,7 +56,8 @@ constexpr int64_t kAttentionBlock = 64;
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& cfg);
+  // products: the compute plan's (the forward it picks: attention_node).
+  AttentionImpl(const ModelConfig& cfg, const Products& products = {});
 
   // x: [B, T, H]. Positions start at cache->length() (0 without a cache); a given
   // cache is extended with this call's keys and values.
@@ -58,9 +67,13 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
 
+  NodeChoice node() const { return node_; }
+
  private:
   int64_t heads_, kv_heads_, head_dim_;
   double dropout_;
+  Products products_;
+  NodeChoice node_;
 };
 TORCH_MODULE(Attention);
 

@@ -317,7 +317,7 @@ struct Slices {
 // writing [n, M, T] floats and their rounded copy to memory and reading them back (their
 // traffic took longer than the product).
 template <typename E>
-struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
+struct CausalAttentionFused : torch::autograd::Function<CausalAttentionFused<E>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block) {
     const int64_t B = q.size(0), T = q.size(1), h = q.size(2), d = q.size(3), kv = k.size(2);
@@ -406,9 +406,9 @@ struct CausalAttentionNode : torch::autograd::Function<CausalAttentionNode<E>> {
 torch::Tensor causal_attention_node(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t block, Precision precision) {
   if (precision == Precision::bf16)
-    return CausalAttentionNode<uint16_t>::apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                block);
-  return CausalAttentionNode<float>::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
+    return CausalAttentionFused<uint16_t>::apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                 block);
+  return CausalAttentionFused<float>::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
 }
 
 }  // namespace minimind

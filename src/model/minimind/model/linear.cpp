@@ -11,6 +11,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The products of the two nodes below, from the precision they saved: they run only where
+// products leave ATen (project, batched_product), so fp32 there is oneDNN's.
+Products node_products_of(int64_t precision) {
+  return {static_cast<Precision>(precision), MatmulBackend::onednn};
+}
+
 // y = x @ w^T, dx = dy @ w, dw = dy^T @ x, each through matmul_into. In bf16 the node keeps
 // x rounded (half the memory of x) and w's rounded copy, so the backward rounds only dy.
 struct Projection : torch::autograd::Function<Projection> {
@@ -22,15 +28,15 @@ struct Projection : torch::autograd::Function<Projection> {
     ctx->save_for_backward({xs, ws});
     ctx->saved_data["precision"] = precision;
     const StepScope part(StepPart::product_forward);
-    return matmul(xs, ws.t(), p);  // [N, out] fp32
+    return matmul(xs, ws.t(), node_products_of(precision));  // [N, out] fp32
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &xs = saved[0], &ws = saved[1];
-    const auto p = static_cast<Precision>(ctx->saved_data["precision"].toInt());
+    const Products p = node_products_of(ctx->saved_data["precision"].toInt());
     torch::Tensor gy = grad_out[0].contiguous();  // [N, out]
-    if (p == Precision::bf16) gy = to_bf16(gy);
+    if (p.precision == Precision::bf16) gy = to_bf16(gy);
     torch::Tensor gx, gw;
     if (ctx->needs_input_grad(0)) {
       const StepScope part(StepPart::product_grad_input);
@@ -53,16 +59,16 @@ struct BatchedProduct : torch::autograd::Function<BatchedProduct> {
     const torch::Tensor bs = p == Precision::bf16 ? to_bf16(b) : b;  // [n, K, N]
     ctx->save_for_backward({as, bs});
     ctx->saved_data["precision"] = precision;
-    return batched_matmul(as, bs, p);  // [n, M, N] fp32
+    return batched_matmul(as, bs, node_products_of(precision));  // [n, M, N] fp32
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const StepScope part(StepPart::attention);
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &as = saved[0], &bs = saved[1];
-    const auto p = static_cast<Precision>(ctx->saved_data["precision"].toInt());
+    const Products p = node_products_of(ctx->saved_data["precision"].toInt());
     torch::Tensor gc = grad_out[0].contiguous();  // [n, M, N]
-    if (p == Precision::bf16) gc = to_bf16(gc);
+    if (p.precision == Precision::bf16) gc = to_bf16(gc);
     torch::Tensor ga, gb;
     if (ctx->needs_input_grad(0)) ga = batched_matmul(gc, bs.transpose(1, 2), p);  // [n, M, K]
     if (ctx->needs_input_grad(1)) gb = batched_matmul(as.transpose(1, 2), gc, p);  // [n, K, N]
@@ -72,8 +78,9 @@ struct BatchedProduct : torch::autograd::Function<BatchedProduct> {
 
 }  // namespace
 
-torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, Precision precision) {
-  const bool aten = x.scalar_type() != torch::kFloat32 || !products_leave_aten(precision);
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const Products& products) {
+  const Precision precision = products.precision;
+  const bool aten = x.scalar_type() != torch::kFloat32 || !products.leave_aten();
   const bool one_row = x.numel() == x.size(-1);
   if (aten && !one_row) {
     const StepScope part(StepPart::product_forward);
@@ -87,9 +94,9 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, Precision 
       .view(shape);
 }
 
-torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b) {
-  const Precision p = product_settings().precision;
-  if (a.scalar_type() != torch::kFloat32 || !products_leave_aten(p)) return torch::matmul(a, b);
+torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b,
+                              const Products& products) {
+  if (a.scalar_type() != torch::kFloat32 || !products.leave_aten()) return torch::matmul(a, b);
   TORCH_CHECK(a.dim() == b.dim() && a.dim() >= 3 &&
                   a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2),
               "batched_product: shapes ", a.sizes(), " x ", b.sizes());
@@ -97,7 +104,7 @@ torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b) {
   std::vector<int64_t> shape = a.sizes().vec();
   shape.back() = N;
   return BatchedProduct::apply(a.reshape({-1, M, K}), b.reshape({-1, K, N}),
-                               static_cast<int64_t>(p))
+                               static_cast<int64_t>(products.precision))
       .view(shape);
 }
 

@@ -8,17 +8,19 @@
 
 namespace minimind {
 
-MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer) {
-  self_attn = register_module("self_attn", Attention(cfg));
-  input_layernorm = register_module(
-      "input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
+MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer,
+                                     const Products& products) {
+  self_attn = register_module("self_attn", Attention(cfg, products));
+  input_layernorm =
+      register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, products,
+                                                 /*rounded_copy=*/true));
   post_attention_layernorm =
       register_module("post_attention_layernorm",
-                      RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
+                      RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, products, /*rounded_copy=*/true));
   if (cfg.use_moe) {
-    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, layer)));
+    moe_mlp = register_module("mlp", MOEFeedForward(MoEOptions::from(cfg, layer, products)));
   } else {
-    dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size()));
+    dense_mlp = register_module("mlp", FeedForward(cfg.hidden_size, cfg.ffn_size(), products));
   }
 }
 
@@ -36,20 +38,23 @@ BlockOutput MiniMindBlockImpl::forward(const Residual& in, const RotaryTables& r
   return {{h.sum, dense_mlp(h.normed), true}, {}};
 }
 
-MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+MiniMindModelImpl::MiniMindModelImpl(const ModelConfig& cfg, const Products& products)
+    : dropout(cfg.dropout) {
   embed_tokens =
       register_module("embed_tokens", torch::nn::Embedding(cfg.vocab_size, cfg.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    blocks.emplace_back(cfg, i);
+    blocks.emplace_back(cfg, i, products);
     layers->push_back(blocks.back());
   }
-  norm = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, /*rounded_copy=*/true));
+  norm = register_module(
+      "norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, products, /*rounded_copy=*/true));
   rope = make_rotary_tables(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta);
 }
 
-MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg) : cfg_(cfg) {
-  model = register_module("model", MiniMindModel(cfg));
+MiniMindForCausalLMImpl::MiniMindForCausalLMImpl(const ModelConfig& cfg, const Products& products)
+    : cfg_(cfg), products_(products), head_node_(training_node(products)) {
+  model = register_module("model", MiniMindModel(cfg, products));
   if (!cfg.tie_word_embeddings) {
     lm_head = register_module("lm_head", linear_no_bias(cfg.hidden_size, cfg.vocab_size));
   }
@@ -109,19 +114,20 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   h = model->norm->forward_add(stream.x, stream.delta, stream.delta_from_products).normed;
   if (!out.aux_loss.defined()) out.aux_loss = torch::zeros({}, h.options());
   if (!out.z_loss.defined()) out.z_loss = torch::zeros({}, h.options());
-  if (labels.defined() && !o.logits && own_training_node(h)) {
-    // Training outside ATen: the logits are formed inside the loss, and not kept.
-    out.loss = o.shard ? head_next_token_loss(h, lm_head_weight(), labels, /*mean=*/false) /
+  if (labels.defined() && !o.logits && runs_own_node(head_node_, h)) {
+    // Our node: the logits are formed inside the loss, and not kept.
+    out.loss = o.shard ? head_next_token_loss(h, lm_head_weight(), labels, products_,
+                                              /*mean=*/false) /
                              static_cast<double>(o.shard->targets)
-                       : head_next_token_loss(h, lm_head_weight(), labels);
+                       : head_next_token_loss(h, lm_head_weight(), labels, products_);
     return out;
   }
-  out.logits = project(h, lm_head_weight());  // [B, T, V]
+  out.logits = project(h, lm_head_weight(), products_);  // [B, T, V]
   if (labels.defined()) {
     // logits[:, t] predict labels[:, t + 1]; a shard's part: its sum over all rows' count
-    out.loss = o.shard ? next_token_loss(out.logits, labels, /*mean=*/false) /
+    out.loss = o.shard ? next_token_loss(out.logits, labels, /*mean=*/false, head_node_) /
                              static_cast<double>(o.shard->targets)
-                       : next_token_loss(out.logits, labels);
+                       : next_token_loss(out.logits, labels, /*mean=*/true, head_node_);
     // The loss keeps what its backward needs: without a reader, [B, T, V] floats go now.
     if (!o.logits) out.logits = torch::Tensor();
   }

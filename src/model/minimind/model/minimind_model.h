@@ -34,7 +34,7 @@ struct BlockOutput {
 // out = h + mlp(post_attention_layernorm(h)), returned as {h, mlp(...)}.
 class MiniMindBlockImpl : public torch::nn::Module {
  public:
-  MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer);
+  MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer, const Products& products = {});
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
   BlockOutput forward(const Residual& in, const RotaryTables& rope, LayerKVCache* cache,
@@ -50,7 +50,7 @@ TORCH_MODULE(MiniMindBlock);
 
 class MiniMindModelImpl : public torch::nn::Module {
  public:
-  explicit MiniMindModelImpl(const ModelConfig& cfg);
+  explicit MiniMindModelImpl(const ModelConfig& cfg, const Products& products = {});
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -100,7 +100,10 @@ struct ForwardOutput {
 class MiniMindForCausalLMImpl : public torch::nn::Module {
  public:
   // The whole model; apply_expert_parallel then keeps a shard of the routed experts.
-  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg);
+  // products: the compute plan's (ComputePlan::products()). Each module picks its forward from
+  // them here (node_choice.h): fp32 on OpenBLAS, the default, is ATen's forms throughout,
+  // PyTorch's numbers; bf16 or fp32 on oneDNN take our own nodes in training.
+  explicit MiniMindForCausalLMImpl(const ModelConfig& cfg, const Products& products = {});
 
   // input_ids: [B, T] int64. labels: [B, T] int64 with -100 = ignored (optional). With the
   // global aux scope, a training forward's aux loss is completed by GlobalAuxScope.
@@ -129,6 +132,10 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
   torch::Tensor lm_head_weight() const;
 
   const ModelConfig& config() const { return cfg_; }
+  // What the model was built with, for models built beside it (a twin, a probe).
+  const Products& products() const { return products_; }
+  // The head and loss's forward (training_node: head_next_token_loss where it takes ours).
+  NodeChoice head_node() const { return head_node_; }
   // The routed experts this process holds (every MoE layer holds the same shard).
   ExpertShard expert_shard() const;
 
@@ -137,6 +144,8 @@ class MiniMindForCausalLMImpl : public torch::nn::Module {
 
  private:
   ModelConfig cfg_;
+  Products products_;
+  NodeChoice head_node_;
 };
 TORCH_MODULE(MiniMindForCausalLM);
 

@@ -64,7 +64,10 @@ torch::Tensor routing_margins(const torch::Tensor& x, const torch::Tensor& index
 }
 
 MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
-    : opt_(options), num_experts_(options.num_experts), top_k_(options.top_k) {
+    : opt_(options),
+      num_experts_(options.num_experts),
+      top_k_(options.top_k),
+      experts_node_(minimind::experts_node(options.products)) {
   if (opt_.learned_router()) {
     gate = register_module("gate", linear_no_bias(opt_.hidden_size, num_experts_));
     if (opt_.hash_layer) {
@@ -77,13 +80,13 @@ MOEFeedForwardImpl::MOEFeedForwardImpl(const MoEOptions& options)
   TORCH_CHECK(opt_.shard.whole(), "a MoE layer is built whole (keep_expert_shard shards it)");
   experts = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < num_experts_; ++e) {
-    expert_list_.emplace_back(opt_.hidden_size, opt_.expert_ffn_size);
+    expert_list_.emplace_back(opt_.hidden_size, opt_.expert_ffn_size, opt_.products);
     experts->register_module(std::to_string(e), expert_list_.back());
   }
   if (opt_.shared_experts > 0) {
     shared_experts = register_module("shared_experts", torch::nn::ModuleList());
     for (int64_t s = 0; s < opt_.shared_experts; ++s) {
-      shared_list_.emplace_back(opt_.hidden_size, opt_.shared_ffn_size);
+      shared_list_.emplace_back(opt_.hidden_size, opt_.shared_ffn_size, opt_.products);
       shared_experts->push_back(shared_list_.back());
     }
   }
@@ -131,7 +134,7 @@ MOEFeedForwardImpl::Routing MOEFeedForwardImpl::route(const torch::Tensor& x_fla
   }
   // fp32 whatever the run's precision: the routing decisions (top-k of near-equal scores) and
   // the aux losses' probabilities must not move with bf16's rounding.
-  r.logits = project(x_flat, gate->weight, Precision::fp32);  // [N, E]
+  r.logits = project(x_flat, gate->weight, opt_.products.in_fp32());  // [N, E]
   torch::Tensor scores;
   if (opt_.scoring != ScoringFunc::softmax) {
     // Independent affinities: DeepSeek-V3's sigmoid, or V4's sqrt(softplus(logit)).
@@ -235,7 +238,7 @@ torch::Tensor MOEFeedForwardImpl::run_remote(const torch::Tensor& rows,
   torch::Tensor out;  // [R, H]
   if (R > 0) {
     out = routed_experts(received, order, torch::ones({R}, received.options()), per_expert,
-                         expert_list_);
+                         expert_list_, experts_node_, opt_.products);
   } else {
     out = received;
     // No rows for any expert here: they still join the graph with zero gradients (as
@@ -306,7 +309,7 @@ torch::Tensor MOEFeedForwardImpl::dispatch(const torch::Tensor& x_flat, const Ro
         0, token, ys * w_sorted.to(x_flat.scalar_type()).unsqueeze(1));  // [N, H]
   }
   torch::Tensor y = routed_experts(x_flat, token, w_sorted.to(x_flat.scalar_type()), rows,
-                                   expert_list_);  // [N, H]
+                                   expert_list_, experts_node_, opt_.products);  // [N, H]
   return y;
 }
 

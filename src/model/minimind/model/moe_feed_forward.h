@@ -83,6 +83,8 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   const ExpertShard& shard() const { return opt_.shard; }
   // Routed expert e (a global id this process holds).
   FeedForward expert(int64_t e) const;
+  // The routed experts' forward, chosen when the layer was built (experts_node).
+  NodeChoice experts_node() const { return experts_node_; }
 
   torch::nn::Linear gate{nullptr};  // router, H -> E, no bias; only for the learned router
   // The routed experts this process holds, each under its global id ("experts.5" is expert
@@ -115,6 +117,7 @@ class MOEFeedForwardImpl : public torch::nn::Module {
   std::vector<FeedForward> shared_list_;
   MoEOptions opt_;
   int64_t num_experts_, top_k_;
+  NodeChoice experts_node_;
   torch::Tensor bias_;     // buffer "gate.e_score_correction_bias", as HF DeepSeek-V3 names it
   torch::Tensor tid2eid_;  // buffer "gate.tid2eid" [V, k], as DeepSeek-V4 names it
   ExpertExchange* exchange_ = nullptr;

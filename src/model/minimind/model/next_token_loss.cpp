@@ -31,7 +31,7 @@ constexpr int64_t kIgnore = -100;
 constexpr int64_t kRowBlock = 512;
 
 // Training's log-softmax and its backward where the products leave ATen (bf16, or fp32 on
-// oneDNN: own_training_node): the formulas of ATen's kernels, in loops of our own. Why: ATen
+// oneDNN: node_choice.h): the formulas of ATen's kernels, in loops of our own. Why: ATen
 // 1.13 as Debian builds it runs e^x through Sleef's AVX2 code even on an AVX-512 CPU, in
 // three passes over [B*T, V] floats each way; these run e^x in AVX-512 (exp_clamped, about 2
 // ulp where Sleef's is 1) and form each row's gradient (rounded in bf16) in one pass. fp32 on
@@ -77,7 +77,7 @@ MINIMIND_CPU_CLONES float loss_row(float* __restrict x, E* __restrict u, int64_t
 MINIMIND_NO_TRAPS_END
 MINIMIND_NO_FMA_END
 
-// Whether a loss takes the loops above: in training outside ATen (see own_training_node).
+// Whether a loss takes the loops above: in training outside ATen (node_choice.h).
 enum class Kernels : bool { aten, own };
 
 // What the loss's backward needs from its forward.
@@ -222,7 +222,7 @@ struct NextTokenLoss : torch::autograd::Function<NextTokenLoss> {
 // bound by e^x, not memory, and the head's product ran 10-45 % slower in row blocks
 // (docs/benchmarks/2026-12-05-amd-bf16-loss-softmax-casts.md).
 template <typename E>
-struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
+struct HeadNextTokenLossFused : torch::autograd::Function<HeadNextTokenLossFused<E>> {
   static constexpr Precision kPrecision = operand_precision<E>;
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const torch::Tensor& labels, bool mean) {
@@ -230,7 +230,7 @@ struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
     const torch::Tensor ws = to_operand(w, kPrecision, /*parameter=*/true);        // [V, H]
     const int64_t B = labels.size(0), T = labels.size(1), V = ws.size(0);
     torch::Tensor logits;  // [B*T, V]
-    in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), kPrecision); });
+    in_part(StepPart::product_forward, [&] { logits = matmul(hs, ws.t(), node_products<E>); });
     const LabelMask mask(labels);
     const LabelRows rows(mask.safe, mask.counted);
     torch::Tensor picked = torch::zeros({B * (T - 1), 1}, h.options());  // [B*(T-1), 1]
@@ -263,8 +263,8 @@ struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
     const float v =
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool()).item<float>();
     torch::Tensor gh, gw;
-    in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, kPrecision); });
-    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, kPrecision); });
+    in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, node_products<E>); });
+    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, node_products<E>); });
     // With no label counted, unit is all zero and so are gh and gw, as the unfused form's
     // gradient; v (upstream / 0 for the mean) would turn them into NaN.
     if (total_weight.item<double>() > 0) gh.mul_(v), gw.mul_(v);
@@ -275,25 +275,26 @@ struct HeadNextTokenLoss : torch::autograd::Function<HeadNextTokenLoss<E>> {
 
 }  // namespace
 
-torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool mean) {
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels, bool mean,
+                              NodeChoice node) {
   TORCH_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(1) >= 2,
               "next_token_loss: logits [B, T, V] and labels [B, T], T >= 2");
   const StepScope part(StepPart::loss);
   // Training outside ATen takes the own loops (as head_next_token_loss does), the rest ATen's.
   return NextTokenLoss::apply(logits.contiguous(), labels, mean,
-                              logits.requires_grad() && own_training_node(logits));
+                              logits.requires_grad() && runs_own_node(node, logits));
 }
 
 torch::Tensor head_next_token_loss(const torch::Tensor& h, const torch::Tensor& w,
-                                   const torch::Tensor& labels, bool mean) {
+                                   const torch::Tensor& labels, const Products& products,
+                                   bool mean) {
   TORCH_CHECK(h.dim() == 3 && labels.dim() == 2 && h.size(1) >= 2 && w.size(1) == h.size(2),
               "head_next_token_loss: h [B, T, H], w [V, H] and labels [B, T], T >= 2");
-  TORCH_CHECK(products_leave_aten(product_settings().precision),
-              "head_next_token_loss: bf16, or fp32 on oneDNN");
+  TORCH_CHECK(products.leave_aten(), "head_next_token_loss: bf16, or fp32 on oneDNN");
   const StepScope part(StepPart::loss);
-  if (product_settings().precision == Precision::bf16)
-    return HeadNextTokenLoss<uint16_t>::apply(h.contiguous(), w, labels, mean);
-  return HeadNextTokenLoss<float>::apply(h.contiguous(), w, labels, mean);
+  if (products.precision == Precision::bf16)
+    return HeadNextTokenLossFused<uint16_t>::apply(h.contiguous(), w, labels, mean);
+  return HeadNextTokenLossFused<float>::apply(h.contiguous(), w, labels, mean);
 }
 
 }  // namespace minimind

@@ -19,12 +19,15 @@
 
 #include <torch/torch.h>
 
+#include "minimind/model/node_choice.h"
+
 namespace minimind {
 
 // logits: [B, T, V] float; labels: [B, T] int64. Returns the mean over the counted
-// positions (mean = true) or their sum (evaluation).
+// positions (mean = true) or their sum (evaluation). node: the model's choice for its head;
+// our loops (the formulas of ATen's kernels) run where it takes our node, ATen's otherwise.
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& labels,
-                              bool mean = true);
+                              bool mean = true, NodeChoice node = NodeChoice::aten);
 
 // Training's head and loss in one node where the products leave ATen (bf16, or fp32 on
 // oneDNN): next_token_loss(project(h, w)) (h [B, T, H] float, w [V, H] float), the same loss
@@ -33,6 +36,7 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 // upstream gradient, so in bf16 the gradients round as v * bf16(onehot - p), not
 // bf16(v * (onehot - p)) (tested against that formula). The logits are not returned.
 torch::Tensor head_next_token_loss(const torch::Tensor& h, const torch::Tensor& w,
-                                   const torch::Tensor& labels, bool mean = true);
+                                   const torch::Tensor& labels, const Products& products,
+                                   bool mean = true);
 
 }  // namespace minimind

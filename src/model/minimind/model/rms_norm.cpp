@@ -172,7 +172,7 @@ std::pair<torch::Tensor, torch::Tensor> norm_backward(const variable_list& saved
   return {dx, dweight};
 }
 
-struct FusedRMSNorm : torch::autograd::Function<FusedRMSNorm> {
+struct RMSNormFused : torch::autograd::Function<RMSNormFused> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, double eps, bool own_forward,
                                bool rounded_copy) {
@@ -193,7 +193,7 @@ struct FusedRMSNorm : torch::autograd::Function<FusedRMSNorm> {
 // would add the two in a pass of their own, and hands a and b the same tensor, as an add's
 // backward does. With grad_copy (bf16 training, b made by products that round their output's
 // gradient) that gradient's bf16 copy is written in the same pass and handed to to_bf16.
-struct FusedAddRMSNorm : torch::autograd::Function<FusedAddRMSNorm> {
+struct AddRMSNormFused : torch::autograd::Function<AddRMSNormFused> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                const torch::Tensor& weight, double eps, bool own_forward,
                                bool rounded_copy, bool grad_copy) {
@@ -231,29 +231,29 @@ bool node_takes(const torch::Tensor& x, const torch::Tensor& weight, bool needs_
 }  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                       bool rounded_copy) {
+                       const NormNode& node) {
   const StepScope part(StepPart::norm);
   if (!node_takes(x, weight, x.requires_grad() || weight.requires_grad()))
     return plain_rms_norm(x, weight, eps);
   // Training outside ATen takes the one-pass forward; only bf16 keeps a rounded copy.
-  const bool own = x.scalar_type() == torch::kFloat32 && own_training_node(x);
-  return FusedRMSNorm::apply(x, weight, eps, own, rounded_copy && bf16_training_node(x));
+  const bool own = runs_own_node(node.node, x);
+  return RMSNormFused::apply(x, weight, eps, own, own && node.bf16 && node.rounded_copy);
 }
 
 AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
-                       double eps, bool rounded_copy, bool grad_copy) {
-  if (!b.defined()) return {a, rms_norm(a, weight, eps, rounded_copy)};
+                       double eps, const NormNode& node, bool grad_copy) {
+  if (!b.defined()) return {a, rms_norm(a, weight, eps, node)};
   const bool needs_grad = a.requires_grad() || b.requires_grad() || weight.requires_grad();
   if (!node_takes(a, weight, needs_grad) || b.scalar_type() != a.scalar_type() ||
       b.sizes() != a.sizes() || !b.is_contiguous()) {
     torch::Tensor s = a + b;
-    return {s, rms_norm(s, weight, eps, rounded_copy)};
+    return {s, rms_norm(s, weight, eps, node)};
   }
   const StepScope part(StepPart::norm);
-  const bool own = a.scalar_type() == torch::kFloat32 && own_training_node(a);
-  const bool bf16 = bf16_training_node(a);
+  const bool own = runs_own_node(node.node, a);
+  const bool bf16 = own && node.bf16;
   variable_list out =
-      FusedAddRMSNorm::apply(a, b, weight, eps, own, bf16 && rounded_copy, bf16 && grad_copy);
+      AddRMSNormFused::apply(a, b, weight, eps, own, bf16 && node.rounded_copy, bf16 && grad_copy);
   return {out[0], out[1]};
 }
 

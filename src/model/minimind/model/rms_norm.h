@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "minimind/model/node_choice.h"
+
 namespace minimind {
 
 // One autograd node for a float32/float64 contiguous input: the forward runs the ATen ops
@@ -13,12 +15,21 @@ namespace minimind {
 // rsqrt, two products and their backwards, 17 calls per forward of the model). The
 // gradients agree with autograd's to float rounding (tested); the weight's gradient is
 // summed over rows in double. Other dtypes take the plain formula through autograd.
-// In training whose products leave ATen (own_training_node: bf16, or fp32 on oneDNN) the
-// forward is one pass of its own instead, within float rounding of the formula's (fp32 on
+// In training whose products leave ATen (node.node, node_choice.h: bf16, or fp32 on oneDNN)
+// the forward is one pass of its own instead, within float rounding of the formula's (fp32 on
 // OpenBLAS keeps the formula's bits); in bf16 with rounded_copy, where the output feeds bf16
 // products, that pass also rounds it to bf16 and hands the copy to to_bf16 (remember_bf16).
+struct NormNode {
+  NodeChoice node = NodeChoice::aten;
+  bool bf16 = false;          // the products are bf16: the pass may write rounded copies
+  bool rounded_copy = false;  // the output is the input of matrix products
+};
+// A norm's choice for the compute plan's products.
+inline NormNode norm_node(const Products& products, bool rounded_copy = false) {
+  return {training_node(products), products.precision == Precision::bf16, rounded_copy};
+}
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                       bool rounded_copy = false);
+                       const NormNode& node = {});
 
 // The residual stream's add and the norm after it: sum = a + b, normed = rms_norm(sum).
 // With gradients and the fused node's conditions (same shapes, contiguous), one autograd
@@ -30,30 +41,33 @@ struct AddNormed {
   torch::Tensor sum, normed;  // [..., dim]
 };
 AddNormed add_rms_norm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& weight,
-                       double eps, bool rounded_copy = false, bool grad_copy = false);
+                       double eps, const NormNode& node = {}, bool grad_copy = false);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  // rounded_copy: the output is the input of matrix products (see rms_norm).
-  RMSNormImpl(int64_t dim, double eps, bool rounded_copy = false)
-      : eps_(eps), rounded_copy_(rounded_copy) {
+  // products: the compute plan's; rounded_copy: the output is the input of matrix products
+  // (see rms_norm).
+  RMSNormImpl(int64_t dim, double eps, const Products& products = {}, bool rounded_copy = false)
+      : eps_(eps), node_(norm_node(products, rounded_copy)) {
     weight = register_parameter("weight", torch::ones({dim}));
   }
 
   torch::Tensor forward(const torch::Tensor& x) {  // [..., dim]
-    return rms_norm(x, weight, eps_, rounded_copy_);
+    return rms_norm(x, weight, eps_, node_);
   }
 
   // a + b and its norm (add_rms_norm).
   AddNormed forward_add(const torch::Tensor& a, const torch::Tensor& b, bool grad_copy) {
-    return add_rms_norm(a, b, weight, eps_, rounded_copy_, grad_copy);
+    return add_rms_norm(a, b, weight, eps_, node_, grad_copy);
   }
+
+  const NormNode& node() const { return node_; }
 
   torch::Tensor weight;
 
  private:
   double eps_;
-  bool rounded_copy_;
+  NormNode node_;
 };
 TORCH_MODULE(RMSNorm);
 

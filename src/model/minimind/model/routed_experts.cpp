@@ -2,6 +2,7 @@
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/linear.h"
+#include "minimind/model/swiglu_rows.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
 #include "minimind/util/matmul.h"
@@ -15,55 +16,17 @@ using namespace expert_rows;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// d/dg = (ga * u) * s * (1 + g * (1 - s)) with s = sigmoid(g) (SiluBackward's formula),
-// d/du = ga * silu(g), in one pass over the rows (three passes and a temporary as ATen ops);
-// g, u, dg, du are column ranges of [M, 2I] buffers. No fused multiply-adds.
-MINIMIND_NO_FMA_BEGIN
-MINIMIND_CPU_CLONES void swiglu_backward_rows(const float* __restrict ga, const float* __restrict g,
-                                              const float* __restrict u,
-                                              const float* __restrict sig,
-                                              const float* __restrict silu_g, float* __restrict dg,
-                                              float* __restrict du, int64_t M, int64_t I,
-                                              int64_t stride) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float *ga_m = ga + m * I, *s_m = sig + m * I, *silu_m = silu_g + m * I;
-    const float *g_m = g + m * stride, *u_m = u + m * stride;
-    float *dg_m = dg + m * stride, *du_m = du + m * stride;
-    for (int64_t i = 0; i < I; ++i) {
-      const float t = ga_m[i] * u_m[i];
-      dg_m[i] = t * s_m[i] * (1.0f + g_m[i] * (1.0f - s_m[i]));
-      du_m[i] = ga_m[i] * silu_m[i];
-    }
-  }
-}
-MINIMIND_NO_FMA_END
-
-// ga, silu_g: [M, I]; g, u, dg, du: [M, I] views with a row stride (columns of gu / dgu).
-void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torch::Tensor& u,
-                     const torch::Tensor& silu_g, torch::Tensor& dg, torch::Tensor& du) {
-  const bool fused = ga.scalar_type() == torch::kFloat32 && ga.is_contiguous() &&
-                     silu_g.is_contiguous() && g.stride(1) == 1 && u.stride(1) == 1 &&
-                     dg.stride(1) == 1 && du.stride(1) == 1 && g.stride(0) == u.stride(0) &&
-                     g.stride(0) == dg.stride(0) && g.stride(0) == du.stride(0);
-  if (!fused) {  // float64 experts (the fp64 tests): ATen's ops
-    at::silu_backward_out(dg, ga * u, g);
-    at::mul_out(du, ga, silu_g);
-    return;
-  }
-  const torch::Tensor sig = torch::sigmoid(g);  // [M, I] contiguous
-  swiglu_backward_rows(ga.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(),
-                       sig.data_ptr<float>(), silu_g.data_ptr<float>(), dg.data_ptr<float>(),
-                       du.data_ptr<float>(), ga.size(0), ga.size(1), g.stride(0));
-}
-
 // Inputs: x, the routing weights, then per expert gate_proj, up_proj, down_proj weights
-// ([I, H], [I, H], [H, I]); the tokens and counts ride along as constants. fp32 products run
-// on the library run.matmul chose (util/matmul.h), float64 ones (the tests) on ATen's.
+// ([I, H], [I, H], [H, I]); the tokens, counts and fp32 library (a MatmulBackend) ride along
+// as constants. fp32 products run on that library (util/matmul.h), float64 ones (the tests)
+// on ATen's.
 struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& token,
-                               std::vector<int64_t> counts, at::TensorList weights_in) {
+                               std::vector<int64_t> counts, int64_t fp32_library,
+                               at::TensorList weights_in) {
     const StepScope part(StepPart::dispatch);
+    const Products p{Precision::fp32, static_cast<MatmulBackend>(fp32_library)};
     const variable_list weights = weights_in.vec();
     const int64_t N = x.size(0), H = x.size(1), M = token.size(0), I = weights[0].size(0);
     const std::vector<int64_t> first = row_offsets(counts);
@@ -88,14 +51,14 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
           const torch::Tensor rows = gu.narrow(0, off, m);
           const torch::Tensor g = rows.narrow(1, 0, I), u = rows.narrow(1, I, I);  // [m, I] each
           in_part(StepPart::product_forward, [&] {
-            matmul_into(g, xe, weights[3 * e].t(), Precision::fp32);
-            matmul_into(u, xe, weights[3 * e + 1].t(), Precision::fp32);
+            matmul_into(g, xe, weights[3 * e].t(), p);
+            matmul_into(u, xe, weights[3 * e + 1].t(), p);
           });
           torch::Tensor s = silu_g.narrow(0, off, m), a_e = a.narrow(0, off, m);
           in_part(StepPart::activation, [&] { at::mul_out(a_e, at::silu_out(s, g), u); });
           torch::Tensor ys_e = ys.narrow(0, off, m);  // [m, H]
           in_part(StepPart::product_forward,
-                  [&] { matmul_into(ys_e, a_e, weights[3 * e + 2].t(), Precision::fp32); });
+                  [&] { matmul_into(ys_e, a_e, weights[3 * e + 2].t(), p); });
           if (serial) add_to_tokens(ys_e, weight, off, tokens + off, y);
         },
         side_by_side(I));
@@ -104,6 +67,7 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     ctx->saved_data["token"] = token;
     ctx->saved_data["counts"] = counts;
     ctx->saved_data["weights"] = weights;
+    ctx->saved_data["fp32_library"] = fp32_library;
     return y;
   }
 
@@ -131,7 +95,8 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
     torch::Tensor gx = serial ? torch::zeros_like(gy) : torch::Tensor();  // [N, H]
     torch::Tensor gxs = serial ? torch::Tensor() : torch::empty({weight.size(0), H}, gy.options());
     const int64_t* tokens = token.data_ptr<int64_t>();
-    constexpr Precision p = Precision::fp32;
+    const Products p{Precision::fp32,
+                     static_cast<MatmulBackend>(ctx->saved_data["fp32_library"].toInt())};
     run_blas_tasks(
         expert_order(counts, serial),
         [&](int64_t e) {
@@ -179,7 +144,7 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
         side_by_side(I));
     // The gather's backward: each token adds its rows' gradients in order (index_add).
     if (!serial) gx = sum_per_token(gxs, torch::Tensor(), rows_of_tokens(token, N), N);
-    variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor()};
+    variable_list grads{gx, gweight, torch::Tensor(), torch::Tensor(), torch::Tensor()};
     grads.insert(grads.end(), gw.begin(), gw.end());
     return grads;
   }
@@ -189,7 +154,8 @@ struct RoutedSwiGLU : torch::autograd::Function<RoutedSwiGLU> {
 
 torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
                              const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                             const std::vector<FeedForward>& experts) {
+                             const std::vector<FeedForward>& experts, NodeChoice node,
+                             const Products& products) {
   TORCH_CHECK(x.dim() == 2 && token.dim() == 1 && weight.sizes() == token.sizes(),
               "routed_experts: x [N, H], token and weight [M]");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "routed_experts: weight dtype ",
@@ -205,12 +171,11 @@ torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
     weights.push_back(ex->up_proj->weight);
     weights.push_back(ex->down_proj->weight);
   }
-  // bf16 always; fp32 on oneDNN in training (own_training_node: evaluation keeps the plain
-  // node's numbers).
-  const bool float32 = x.scalar_type() == torch::kFloat32;
-  if (float32 && (product_settings().precision == Precision::bf16 || own_training_node(x)))
-    return routed_experts_fused(x.contiguous(), tokens, weight.contiguous(), counts, weights);
+  if (runs_own_node(node, x))
+    return routed_experts_fused(x.contiguous(), tokens, weight.contiguous(), counts, weights,
+                                products.precision);
   return RoutedSwiGLU::apply(x.contiguous(), weight.contiguous(), tokens, counts,
+                             static_cast<int64_t>(products.fp32),
                              at::TensorList(weights));  // one input per weight
 }
 

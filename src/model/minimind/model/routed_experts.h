@@ -36,17 +36,26 @@ namespace minimind {
 // expert(e_i)(x[n]); zero for a token without any (all its slots dropped).
 // Experts without rows get a zero gradient in training, as if they had joined the graph
 // (MiniMind's `0 * sum(params)`).
-// In bf16 (run.precision), and in fp32 training on oneDNN, the node is
-// routed_experts_fused.cpp's.
+// Where `node` takes our node (experts_node), routed_experts_fused.cpp's runs; otherwise the
+// plain node above, its fp32 products on `products`' library.
 torch::Tensor routed_experts(const torch::Tensor& x, const torch::Tensor& token,
                              const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                             const std::vector<FeedForward>& experts);
+                             const std::vector<FeedForward>& experts, NodeChoice node,
+                             const Products& products);
 
-// routed_experts in bf16 or in fp32 on oneDNN (the run's precision), on float32 x and weight
+// The experts' forward (node_choice.h): in bf16 our node in every mode (the plain node has
+// no bf16 products), in fp32 on oneDNN while training (evaluation keeps the plain node's
+// numbers), ATen's form on OpenBLAS.
+inline NodeChoice experts_node(const Products& products) {
+  return products.precision == Precision::bf16 ? NodeChoice::own : training_node(products);
+}
+
+// routed_experts in bf16 or in fp32 on oneDNN (`precision`), on float32 x and weight
 // (contiguous), int64 tokens and the experts' gate, up and down weights in turn
 // (routed_experts_fused.cpp).
 torch::Tensor routed_experts_fused(const torch::Tensor& x, const torch::Tensor& token,
                                    const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                                   const torch::autograd::variable_list& weights);
+                                   const torch::autograd::variable_list& weights,
+                                   Precision precision);
 
 }  // namespace minimind

@@ -1,5 +1,5 @@
-// routed_experts' node in training whose products leave ATen (bf16, or fp32 on oneDNN:
-// own_training_node): the same work as the plain node (routed_experts.cpp), with the per-expert
+// routed_experts' node where products leave ATen (experts_node: bf16 in every mode, fp32 on
+// oneDNN in training): the same work as the plain node (routed_experts.cpp), with the per-expert
 // work written on raw buffers, without ATen operations inside the experts' tasks, and every
 // product on the operand type E: bf16 bits (uint16_t, fp32 sums; util/matmul.h) or float.
 //
@@ -23,7 +23,7 @@
 
 #include "minimind/model/expert_rows.h"
 #include "minimind/model/routed_experts.h"
-#include "minimind/model/swiglu_fused.h"
+#include "minimind/model/swiglu_rows.h"
 #include "minimind/model/vector_math.h"
 #include "minimind/util/blas_tasks.h"
 #include "minimind/util/cpu_clones.h"
@@ -215,8 +215,9 @@ struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
 
 torch::Tensor routed_experts_fused(const torch::Tensor& x, const torch::Tensor& token,
                                    const torch::Tensor& weight, const std::vector<int64_t>& counts,
-                                   const torch::autograd::variable_list& weights) {
-  if (product_settings().precision == Precision::bf16)
+                                   const torch::autograd::variable_list& weights,
+                                   Precision precision) {
+  if (precision == Precision::bf16)
     return RoutedSwiGLUFused<uint16_t>::apply(x, weight, token, counts, at::TensorList(weights));
   return RoutedSwiGLUFused<float>::apply(x, weight, token, counts, at::TensorList(weights));
 }

@@ -370,7 +370,7 @@ double upcycled_output_gap(MiniMindForCausalLM& moe, const std::string& dense_pa
   dense_cfg.router = defaults.router;
   dense_cfg.hash_layers = 0;
   dense_cfg.hash_table = defaults.hash_table;
-  MiniMindForCausalLM dense(dense_cfg);
+  MiniMindForCausalLM dense(dense_cfg, moe->products());
   load_weights(dense, dense_path);
 
   torch::NoGradGuard no_grad;

@@ -254,7 +254,6 @@ std::string save_checkpoint(const std::string& run_dir, const MiniMindForCausalL
                         {"loader_rows", state.loader_rows},
                         {"elapsed_seconds", state.elapsed_seconds},
                         {"config", state.config_yaml},
-                        {"matmul", state.matmul},
                         {"monitor", state.monitor}};
     if (state.init_from) j["init_from"] = *state.init_from;
     if (state.plan) j["plan"] = state.plan->to_json();
@@ -385,12 +384,16 @@ TrainState parse_checkpoint_state(const std::string& text, const std::string& fi
                             "the file was changed by hand; restore it");
     }
   }
-  if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) s.matmul = *m;
+  if (const auto m = j.find("matmul"); m != j.end() && m->is_string()) {
+    MatmulBackend library{};
+    if (parse_choice(m->get<std::string>(), library) && library != MatmulBackend::automatic)
+      s.matmul_before_plan = library;
+  }
   if (const auto p = j.find("plan"); p != j.end()) {
     try {
       s.plan = ComputePlan::from_json(*p);
-    } catch (const ConfigError& e) {
-      throw CheckpointError("checkpoint state '" + file + "': " + e.what(),
+    } catch (const DataError& e) {
+      throw CheckpointError("checkpoint state '" + file + "': plan: " + e.message(),
                             "the file was changed by hand; delete this checkpoint to resume "
                             "from the one before");
     }

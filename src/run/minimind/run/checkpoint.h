@@ -35,13 +35,18 @@ struct TrainState {
   int64_t loader_batches = -1;
   double elapsed_seconds = 0;  // training time so far
   std::string config_yaml;     // the resolved config of the run
-  // The library that ran the fp32 products ("openblas", "onednn"; "" in checkpoints
-  // written before it was kept): a resumed run with run.matmul: auto keeps it, so that it
-  // continues bit for bit on a CPU where auto means the other one.
-  std::string matmul;
   // The compute plan the run trained with (compute_plan.h; none in checkpoints written
-  // before it was kept): a resumed run says what changed.
+  // before it was kept): a resumed run says what changed, and with run.matmul: auto keeps
+  // its fp32 library (fp32_library), so that it continues bit for bit on a CPU where auto
+  // means the other one.
   std::optional<ComputePlan> plan;
+  // Checkpoints of the days between keeping the library and keeping the plan (2026-12-02/03)
+  // name only the library ("matmul"); read, never written.
+  std::optional<MatmulBackend> matmul_before_plan;
+  // The library that ran the fp32 products: the plan's, else the older field's.
+  std::optional<MatmulBackend> fp32_library() const {
+    return plan ? std::optional<MatmulBackend>(plan->matmul) : matmul_before_plan;
+  }
   // The monitors' state (a log interval's partial sums, collapse streaks), so that a resumed
   // run logs what an uninterrupted one would. An object keyed by monitor; null when a
   // checkpoint predates it (the monitors then start afresh).

@@ -8,112 +8,12 @@
 
 #include "minimind/error.h"
 #include "minimind/util/input_file.h"
+#include "minimind/util/json_fields.h"
 
 namespace minimind {
 namespace {
 
 using json = nlohmann::json;
-
-// ---- Writing: each field as it is; an unset optional as null.
-struct FieldWriter {
-  json& j;
-  void operator()(const char* key, Tag tag) { j[key] = tag.value; }
-  template <class T>
-  void operator()(const char* key, const std::optional<T>& v) {
-    j[key] = v ? json(*v) : json();
-  }
-  template <class T>
-  void operator()(const char* key, const T& v) {
-    j[key] = v;
-  }
-};
-
-// ---- Reading: every field checked for presence and type; errors name the field.
-[[noreturn]] void bad_field(const std::string& name, const json& v, const char* expected) {
-  throw DataError(fmt::format("field '{}' should be {}, found {}", name, expected,
-                              v.is_null() ? "null" : v.type_name()));
-}
-
-void read_value(const std::string& name, const json& v, int64_t& out) {
-  if (!v.is_number_integer()) bad_field(name, v, "an integer");
-  out = v.get<int64_t>();
-}
-void read_value(const std::string& name, const json& v, double& out) {
-  // JSON has no NaN or infinity: a non-finite figure (a diverged evaluation) is written as
-  // null, and read back as NaN.
-  if (v.is_null()) {
-    out = std::numeric_limits<double>::quiet_NaN();
-    return;
-  }
-  if (!v.is_number()) bad_field(name, v, "a number");
-  out = v.get<double>();
-}
-void read_value(const std::string& name, const json& v, bool& out) {
-  if (!v.is_boolean()) bad_field(name, v, "true or false");
-  out = v.get<bool>();
-}
-void read_value(const std::string& name, const json& v, std::string& out) {
-  if (!v.is_string()) bad_field(name, v, "a string");
-  out = v.get<std::string>();
-}
-// A nested record (EvalSummary's expert_load).
-void read_value(const std::string& name, const json& v, LoadRecord& out) {
-  try {
-    from_json(v, out);
-  } catch (const DataError& e) {
-    throw DataError(name + ": " + e.message());
-  }
-}
-template <class T>
-void read_value(const std::string& name, const json& v, std::vector<T>& out) {
-  if (!v.is_array()) bad_field(name, v, "an array");
-  out.assign(v.size(), T{});
-  for (size_t i = 0; i < v.size(); ++i) read_value(fmt::format("{}[{}]", name, i), v[i], out[i]);
-}
-
-struct FieldReader {
-  const json& j;
-  const json& at(const char* key) const {
-    auto it = j.find(key);
-    if (it == j.end()) throw DataError(fmt::format("field '{}' is missing", key));
-    return *it;
-  }
-  void operator()(const char* key, Tag tag) const {
-    const json& v = at(key);
-    if (!v.is_string() || v.get<std::string>() != tag.value)
-      throw DataError(
-          fmt::format("field '{}' is {} where \"{}\" was expected", key, v.dump(), tag.value));
-  }
-  template <class T>
-  void operator()(const char* key, std::optional<T>& out) const {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) {
-      out.reset();
-      return;
-    }
-    T v{};
-    read_value(key, *it, v);
-    out = std::move(v);
-  }
-  template <class T>
-  void operator()(const char* key, T& out) const {
-    read_value(key, at(key), out);
-  }
-};
-
-template <class R>
-json write_record(const R& r) {
-  json j = json::object();
-  R::fields(r, FieldWriter{j});
-  return j;
-}
-
-template <class R>
-void read_record(const json& j, R& r) {
-  if (!j.is_object())
-    throw DataError(fmt::format("expected a JSON object, found {}", j.type_name()));
-  R::fields(r, FieldReader{j});
-}
 
 // The longest line a run log may hold: a record of 1,024 layers of 512 experts is ~20 MiB.
 constexpr size_t kMaxLogLine = size_t{64} << 20;

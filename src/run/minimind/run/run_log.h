@@ -26,14 +26,9 @@
 
 #include "minimind/model/layer_stats.h"
 #include "minimind/run/routing_metrics.h"
+#include "minimind/util/json_fields.h"
 
 namespace minimind {
-
-// A field whose value is fixed for the record type ("split": "train"); reading another
-// value is an error.
-struct Tag {
-  const char* value;
-};
 
 // metrics.jsonl, split "train": means over the steps of one log interval.
 struct TrainRecord {

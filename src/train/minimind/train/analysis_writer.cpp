@@ -32,7 +32,7 @@ void AnalysisWriter::on_end(const TrainResult& r) {
       return;
     }
     torch::NoGradGuard no_grad;
-    m.model = MiniMindForCausalLM(cfg_.model);
+    m.model = MiniMindForCausalLM(cfg_.model, model_->products());
     load_weights(m.model, checkpoints.back().second + "/model.pth");
   }
   m.run_dir = run_dir;

@@ -67,7 +67,7 @@ std::vector<VariantSpeed> compare_variants(
     for (const auto& w : validate_and_resolve(v.cfg)) spdlog::warn("{}: {}", v.name, w);
     v.plan = plan_for(v.cfg);
     torch::manual_seed(0);
-    v.model = MiniMindForCausalLM(v.cfg.model);
+    v.model = MiniMindForCausalLM(v.cfg.model, v.plan.products());
     init_weights(v.model);
     v.model->train();
     v.opt = make_optimizer(v.model->parameters(), v.cfg.train);

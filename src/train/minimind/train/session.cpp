@@ -129,9 +129,11 @@ InitSource check_init_source(Config& cfg, const std::string& run_dir) {
   InitSource init{find_weights(from)};
   const WeightsSource& w = init.weights;
   // The model as set_up builds it (the seed draws a random hash table), with the weights
-  // loaded: names and shapes as an import checks them, and what the weights bring.
+  // loaded: names and shapes as an import checks them, and what the weights bring. Its
+  // products are fp32 on OpenBLAS (PyTorch's numbers) whatever the run computes with: the
+  // plan is made later, and the claim is about the weights, not the library.
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-  MiniMindForCausalLM probe(cfg.model);
+  MiniMindForCausalLM probe(cfg.model, Products{});
   const std::map<std::string, torch::Tensor> tables = hash_tables(probe);
   try {
     load_init_weights(probe, cfg.train, w.weights, &init.units_redrawn);
@@ -262,12 +264,9 @@ void set_up_expert_parallel(TrainSession& s, Distributed& dist) {
 // differently).
 void settle_matmul(TrainSession& s, const Config& cfg, const std::optional<TrainState>& saved,
                    Distributed& dist) {
-  MatmulBackend before{};
-  if (saved && cfg.run.matmul == MatmulBackend::automatic &&
-      parse_choice(saved->plan ? std::string(name_of(saved->plan->matmul)) : saved->matmul,
-                   before) &&
-      before != MatmulBackend::automatic)
-    s.plan = with_matmul(s.plan, before, "run.matmul: auto, as before the checkpoint");
+  if (saved && cfg.run.matmul == MatmulBackend::automatic && saved->fp32_library())
+    s.plan =
+        with_matmul(s.plan, *saved->fp32_library(), "run.matmul: auto, as before the checkpoint");
   if (dist.world_size() > 1) {
     torch::Tensor choice = torch::tensor({static_cast<int64_t>(s.plan.matmul)});  // [1]
     dist.broadcast_from_main({choice});
@@ -370,7 +369,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
   torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
   // The whole model, then (expert parallelism) this rank's shard of the experts: every rank
   // starts from the same whole-model weights.
-  s.model = MiniMindForCausalLM(cfg.model);
+  s.model = MiniMindForCausalLM(cfg.model, s.plan.products());
   init_weights(s.model);
   // The whole model, then (expert parallelism) this rank's shard.
   std::optional<UpcyclePlan> upcycled;
@@ -433,7 +432,6 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
   }
   s.state.config_yaml = config_yaml;
   s.state.plan = s.plan;
-  s.state.matmul = name_of(s.plan.matmul);
   if (s.run.checkpoint) {
     // The position is stored in rows of the global stream: continue at the first row not
     // yet drawn, whatever the rank count and batch size now.

@@ -7,6 +7,7 @@
 #include "minimind/choices.h"
 #include "minimind/config.h"
 #include "minimind/model/expert_exchange.h"
+#include "minimind/util/products.h"
 
 namespace minimind {
 
@@ -61,12 +62,14 @@ struct MoEOptions {
   int64_t vocab_size{};
   BalancingOptions balancing;
   ExpertShard shard;  // the routed experts this process holds (keep_expert_shard sets it)
+  Products products;  // the compute plan's (the experts' forward: experts_node)
 
   bool learned_router() const { return router == RouterKind::learned; }
 
-  // Layer `layer` (0-based) of the model.
-  static MoEOptions from(const ModelConfig& m, int64_t layer = 0) {
+  // Layer `layer` (0-based) of the model, built with `products`.
+  static MoEOptions from(const ModelConfig& m, int64_t layer = 0, const Products& products = {}) {
     MoEOptions o;
+    o.products = products;
     o.hash_layer = m.learned_router() && layer < m.hash_layers;
     o.hash_table = m.hash_table, o.vocab_size = m.vocab_size;
     o.hidden_size = m.hidden_size, o.num_experts = m.num_experts;

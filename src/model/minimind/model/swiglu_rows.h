@@ -1,7 +1,7 @@
-// The SwiGLU in training whose products leave ATen (bf16, or fp32 on oneDNN:
-// own_training_node): the row loops the experts' node (routed_experts_fused.cpp) and the
-// dense feed-forward's node share, and that node. The loops come for the products' two
-// operand types: bf16 bits (uint16_t) and float.
+// The SwiGLU's row loops, the one home of them: those the fused nodes share (the routed
+// experts', routed_experts_fused.cpp, and the dense feed-forward's, feed_forward_fused.cpp),
+// for the products' two operand types, bf16 bits (uint16_t) and float; and the plain routed
+// experts' backward (routed_experts.cpp).
 // Precision (docs/precision.md): products on those operands with fp32 sums; the SwiGLU in
 // fp32, its output and its gradients rounded to bf16 in bf16 as the products take them.
 #pragma once
@@ -33,11 +33,11 @@ void swiglu_backward_rows(const float* ga, const float* w, const float* gu, cons
 void swiglu_backward_rows(const float* ga, const float* w, const float* gu, const float* sig,
                           int64_t m, int64_t I, float* gweight, float* a, float* drows);
 
-// The dense feed-forward down(silu(x @ gate^T) * (x @ up^T)) as one node in training whose
-// products leave ATen, in the run's precision: x [N, H] float32, gate and up [I, H], down
-// [H, I]; -> [N, H]. The gate and up weights are one [2I, H] operand, so one product gives
-// [g | u] and one the input gradient.
-torch::Tensor dense_swiglu(const torch::Tensor& x, const torch::Tensor& gate,
-                           const torch::Tensor& up, const torch::Tensor& down);
+// The plain routed experts' SwiGLU backward (routed_experts.cpp), from the kept silu(g):
+// dg = (ga * u) * s * (1 + g * (1 - s)), du = ga * silu_g, with s = sigmoid(g) (SiluBackward's
+// formula), one pass over the rows for float32, ATen's ops for float64. ga, silu_g: [M, I];
+// g, u, dg, du: [M, I] views with a row stride (columns of [M, 2I] buffers).
+void swiglu_backward(const torch::Tensor& ga, const torch::Tensor& g, const torch::Tensor& u,
+                     const torch::Tensor& silu_g, torch::Tensor& dg, torch::Tensor& du);
 
 }  // namespace minimind
