@@ -28,6 +28,7 @@
 #include "minimind/compute_plan.h"
 #include "minimind/data/jsonl.h"
 #include "minimind/data/prepare.h"
+#include "minimind/data/sft.h"
 #include "minimind/data/tokenizer.h"
 #include "minimind/error.h"
 #include "minimind/eval/analyze.h"
@@ -65,6 +66,8 @@ struct Args {
   bool json = false, truncate = false, follow = false;
   std::string text;                      // tokenize --text
   bool decode = false, special = false;  // tokenize
+  bool chat = false;                     // tokenize --chat
+  int64_t max_seq_len = 0;               // tokenize --chat: rows of this many ids
   minimind::GenerateOptions gen;
 };
 
@@ -87,6 +90,59 @@ std::vector<int32_t> parse_ids(const std::string& line, const std::string& where
   return ids;
 }
 
+// A token's text for a table: its decoding with control characters escaped, at most 20
+// characters wide.
+std::string shown_token(const minimind::Tokenizer& tok, int32_t id) {
+  std::string out;
+  // sentencepiece decodes its control pieces to nothing: shown by name.
+  const bool control = tok.piece_type(id) == minimind::PieceType::control;
+  for (const char c : control ? tok.piece(id) : tok.decode({id})) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else
+      out += c;
+  }
+  return out;
+}
+
+// tokenize --chat: each conversation of a chat JSONL as the training rows see it (no
+// augmentation): one JSON line {"ids", "labels"} with --json, else a table of its tokens and
+// whether each is trained.
+int tokenize_chat(const Args& a, const minimind::Tokenizer& tok) {
+  using namespace minimind;
+  if (a.data.empty())
+    throw Error("tokenize --chat needs --data FILE.jsonl (one {\"conversations\": [...]} a line)");
+  if (a.decode || a.special) throw Error("tokenize --chat takes neither --decode nor --special");
+  if (a.max_seq_len < 0) throw Error("--max-seq-len must be positive (0: whole conversations)");
+  const SftEncoder enc(tok);
+  const CorpusStats stats = read_conversations(a.data, {}, [&](Conversation&& c, int64_t line) {
+    const SftRow row = enc.row(enc.encode(c), a.max_seq_len);
+    if (a.json) {
+      std::cout << nlohmann::json{{"ids", row.ids}, {"labels", row.labels}}.dump() << "\n";
+    } else {
+      int64_t trained = 0;
+      for (const int64_t l : row.labels) trained += l != -100;
+      std::cout << fmt::format("{}:{}: {} tokens ({} of them padding), {} trained\n", a.data, line,
+                               row.ids.size(), row.ids.size() - row.length, trained);
+      std::cout << fmt::format("{:>6} {:>7}  {:<20} {}\n", "pos", "id", "token", "trained");
+      for (size_t i = 0; i < row.ids.size(); ++i) {
+        const auto id = static_cast<int32_t>(row.ids[i]);
+        std::cout << fmt::format("{:>6} {:>7}  {:<20} {}\n", i, id, shown_token(tok, id),
+                                 row.labels[i] != -100 ? "yes" : "no");
+      }
+    }
+    if (!std::cout.flush())
+      throw Error("writing conversation " + a.data + ":" + std::to_string(line) +
+                  " failed (output closed or disk full?)");
+  });
+  spdlog::info("{} ({} template)", stats.summary(a.data), enc.chat_template().name());
+  return 0;
+}
+
 // minimind-eval tokenize: as llama.cpp's llama-tokenize, one record per line.
 int tokenize_command(const Args& a) {
   using namespace minimind;
@@ -99,8 +155,9 @@ int tokenize_command(const Args& a) {
     if (file.empty()) throw TokenizerError("no tokenizer in '" + a.path + "' (a run directory?)");
   }
   if (file.empty()) throw TokenizerError("tokenize needs PATH (a run) or --tokenizer FILE");
-  if (a.text.empty() == a.data.empty()) throw Error("tokenize needs --text TEXT or --data FILE");
   const Tokenizer tok = Tokenizer::from_file(file);
+  if (a.chat) return tokenize_chat(a, tok);
+  if (a.text.empty() == a.data.empty()) throw Error("tokenize needs --text TEXT or --data FILE");
   auto print_ids = [&](std::string_view text) {
     const std::vector<int32_t> ids = a.special ? tok.encode_document(text) : tok.encode(text);
     if (a.json) {
@@ -533,7 +590,13 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--decode", a.decode, "turn lines of ids back into text");
   tokenize->add_flag("--special", a.special, "add [bos] and [eos] around each record's ids");
   tokenize->add_flag("--json", a.json,
-                     "one JSON object per record: {\"ids\": [...]} or {\"text\": ...}");
+                     "one JSON object per record: {\"ids\": [...]} or {\"text\": ...} (--chat: "
+                     "{\"ids\": [...], \"labels\": [...]})");
+  tokenize->add_flag("--chat", a.chat,
+                     "--data is chat data (one {\"conversations\": [...]} a line): each "
+                     "conversation rendered by the tokenizer's chat template, with its labels");
+  tokenize->add_option("--max-seq-len", a.max_seq_len,
+                       "--chat: cut and pad each conversation to rows of N ids, as training does");
 
   if (const int status =
           minimind_app::parse_command_line(app, static_cast<int>(args.size()), args.data());

@@ -26,6 +26,8 @@ PACKAGES=(
   libopenblas0-pthread
   # Python reference (tests/reference): Debian's torch shares libtorch_cpu with LibTorch.
   python3 python3-torch python3-numpy python3-sentencepiece python3-yaml
+  # Chat templates rendered as transformers renders them (tests/reference/chat_ref.py)
+  python3-jinja2
   # TensorBoard's event files are decoded by classes protoc builds (tests/reference);
   # inspect --follow is tested in a real terminal
   protobuf-compiler python3-protobuf tmux

@@ -739,7 +739,7 @@ TEST(TokenizerJson, SpecialsAtAnyIdsReachTheTokenFilesAndBatches) {
   const std::vector<int32_t> doc = tok.encode_document("Emma");
   EXPECT_EQ(doc.front(), 0);
   EXPECT_EQ(doc.back(), 0);
-  EXPECT_EQ(nlohmann::json::parse(tok.special_names_json()),
+  EXPECT_EQ(nlohmann::json::parse(tok.config_json()),
             (nlohmann::json{{"pad_token", "<|im_end|>"},
                             {"bos_token", "<|endoftext|>"},
                             {"eos_token", "<|endoftext|>"}}));

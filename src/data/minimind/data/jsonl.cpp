@@ -56,14 +56,18 @@ std::string CorpusStats::summary(const std::string& path) const {
       s += (first ? "" : ", ") + std::to_string(n) + " " + reason;
       first = false;
     }
+    s += first_skipped.size() == 1 ? "; line " : "; lines ";
+    for (size_t i = 0; i < first_skipped.size(); ++i)
+      s += (i ? ", " : "") + std::to_string(first_skipped[i]);
+    if (skipped > static_cast<int64_t>(first_skipped.size())) s += ", ...";
     s += ")";
   }
   return s;
 }
 
-CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
-                        const std::function<void(std::string_view, int64_t)>& on_record,
-                        spdlog::logger& log) {
+CorpusStats read_records(const std::string& path, const CorpusOptions& options,
+                         const std::function<std::string(std::string_view, int64_t)>& take,
+                         const char* expected, spdlog::logger& log) {
   // A device or FIFO never ends (/dev/zero) or blocks (a pipe nobody writes).
   InputFile in = open_input<DataError>(path, "corpus", "a JSONL file");
   CorpusStats stats;
@@ -74,6 +78,7 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
                       " (data.strict is on; set it to false to skip bad records)");
     ++stats.skipped;
     ++stats.skipped_by_reason[reason];
+    if (stats.first_skipped.size() < 5) stats.first_skipped.push_back(line);
     if (warned < options.max_warnings) {
       log.warn("{}:{}: {}; record skipped", path, line, reason);
       if (++warned == options.max_warnings)
@@ -99,29 +104,33 @@ CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
       skip(n, "invalid UTF-8");
       continue;
     }
-    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (record.is_discarded()) {
-      skip(n, "invalid JSON");
-      continue;
-    }
-    auto text = record.is_object() ? record.find("text") : record.end();
-    if (!record.is_object() || text == record.end() || !text->is_string()) {
-      skip(n, "no string \"text\" field");
-      continue;
-    }
-    const std::string& s = text->get_ref<const std::string&>();
-    if (s.empty()) {
-      skip(n, "empty text");
+    if (const std::string why = take(line, n); !why.empty()) {
+      skip(n, why);
       continue;
     }
     ++stats.records;
-    on_record(s, n);
   }
   if (stats.records == 0)
     throw DataError("corpus '" + path + "' has no usable records (" + std::to_string(stats.lines) +
-                    " lines); expected one {\"text\": \"...\"} "
-                    "object per line");
+                    " lines); expected " + expected);
   return stats;
+}
+
+CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
+                        const std::function<void(std::string_view, int64_t)>& on_record,
+                        spdlog::logger& log) {
+  auto take = [&](std::string_view line, int64_t n) -> std::string {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded()) return "invalid JSON";
+    auto text = record.is_object() ? record.find("text") : record.end();
+    if (!record.is_object() || text == record.end() || !text->is_string())
+      return "no string \"text\" field";
+    const std::string& s = text->get_ref<const std::string&>();
+    if (s.empty()) return "empty text";
+    on_record(s, n);
+    return "";
+  };
+  return read_records(path, options, take, "one {\"text\": \"...\"} object per line", log);
 }
 
 }  // namespace minimind

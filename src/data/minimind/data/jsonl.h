@@ -1,4 +1,5 @@
-// Reading MiniMind's pretraining JSONL: one {"text": "..."} object per line.
+// Reading MiniMind's JSONL files: one {"text": "..."} object per line (pretraining), or any
+// record kind through read_records (chat data: chat.h).
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -8,6 +9,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "minimind/error.h"
 
@@ -18,6 +20,7 @@ struct CorpusStats {
   int64_t records = 0;  // usable records
   int64_t skipped = 0;
   std::map<std::string, int64_t> skipped_by_reason;
+  std::vector<int64_t> first_skipped;  // the line numbers of the first five skipped
   std::string summary(const std::string& path) const;
 };
 
@@ -40,6 +43,15 @@ constexpr size_t kMaxRecordBytes = size_t{16} << 20;
 CorpusStats read_corpus(const std::string& path, const CorpusOptions& options,
                         const std::function<void(std::string_view text, int64_t line)>& on_record,
                         spdlog::logger& log = *spdlog::default_logger());
+
+// The lines of a JSONL file as records of any kind: take(line, line_number) uses one and
+// returns "" or says why it cannot ("invalid JSON"); blank lines, invalid UTF-8 and lines
+// over kMaxRecordBytes are skipped before it sees them. A skipped line gets a warning naming
+// file and line, or throws DataError when options.strict; a file without a usable record
+// throws DataError saying what was `expected` ("one {\"text\": ...} object per line").
+CorpusStats read_records(const std::string& path, const CorpusOptions& options,
+                         const std::function<std::string(std::string_view line, int64_t n)>& take,
+                         const char* expected, spdlog::logger& log = *spdlog::default_logger());
 
 // True when s is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
 bool is_valid_utf8(std::string_view s);

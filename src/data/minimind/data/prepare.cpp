@@ -361,6 +361,9 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   // 2. Token files, keyed on corpus, split and tokenizer content.
   KeyBuilder kb;
   kb.add("tokens").add(std::to_string(kTokenFileVersion)).add(std::to_string(kTokenizerRecipe));
+  // Since 2026-12-07 a sentencepiece model's special tokens typed in a text are those tokens
+  // (Tokenizer::encode): token files made before may hold their characters.
+  kb.add("special tokens in text");
   kb.add(split).add_file(data.train, "corpus");
   if (data.val.empty())
     kb.add("");

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -82,15 +83,21 @@ struct Tokenizer::Handle {
 
 namespace {
 
-// The pad, bos and eos names a tokenizer_config.json gives (an entry is a string or an
-// object with "content"); empty when it names none of them.
-std::vector<std::string> special_names_beside(const std::filesystem::path& tokenizer_json) {
+// What a tokenizer_config.json beside a tokenizer.json gives: the pad, bos and eos names (an
+// entry is a string or an object with "content"; empty when it names none of them) and the
+// chat template.
+struct ConfigBeside {
+  std::vector<std::string> special_names;
+  std::string chat_template, path;
+};
+ConfigBeside config_beside(const std::filesystem::path& tokenizer_json) {
   const std::filesystem::path config = tokenizer_json.parent_path() / "tokenizer_config.json";
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(config, ec))) return {};
   const std::string text =
       open_input<TokenizerError>(config.string(), "tokenizer config", "a JSON file").read_all();
-  return special_names_of_config(text, config.string());
+  return {special_names_of_config(text, config.string()),
+          chat_template_of_config(text, config.string()), config.string()};
 }
 
 }  // namespace
@@ -131,6 +138,19 @@ std::vector<std::string> special_names_of_config(const std::string& text,
     }
   }
   return names;
+}
+
+std::string chat_template_of_config(const std::string& text, const std::string& source) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";  // special_names_of_config names what is wrong
+  const auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return "";
+  if (!it->is_string())
+    throw TokenizerError(
+        "'" + source + "': chat_template is JSON " + it->type_name() + ", not a template's text",
+        "this tool renders one template per tokenizer: MiniMind's "
+        "chat_template string");
+  return it->get<std::string>();
 }
 
 std::string run_tokenizer_file(const std::string& run_dir) {
@@ -215,9 +235,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first == std::string::npos)
     throw TokenizerError("tokenizer '" + path + "' is empty", kTokenizerKinds);
-  const bool json = bytes[first] == '{';
-  return from_bytes(std::move(bytes), path,
-                    json ? special_names_beside(path) : std::vector<std::string>{});
+  if (bytes[first] != '{') return from_bytes(std::move(bytes), path);
+  ConfigBeside config = config_beside(path);
+  Tokenizer t = from_bytes(std::move(bytes), path, config.special_names);
+  t.chat_template_ = std::move(config.chat_template);
+  t.chat_template_source_ = std::move(config.path);
+  return t;
 }
 
 std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t vocab_size) {
@@ -284,13 +307,35 @@ std::string Tokenizer::train(const std::vector<std::string_view>& texts, int32_t
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   if (bpe_) return bpe_->encode(text);
-  int32_t* ids = nullptr;
-  size_t n = 0;
-  char err[1024];
-  if (spm().encode(handle_->spm, text.data(), text.size(), &ids, &n, err, sizeof(err)) != 0)
-    throw TokenizerError(std::string("encode failed: ") + err);
-  std::vector<int32_t> out(ids, ids + n);
-  spm().free(ids);
+  // sentencepiece never produces its control pieces from text: the texts of pad, bos and
+  // eos are found here, and the text between them encoded.
+  const std::array<int32_t, 3> specials{specials_.pad, specials_.bos, specials_.eos};
+  std::array<std::string, 3> texts;
+  for (size_t k = 0; k < 3; ++k) texts[k] = piece(specials[k]);
+  std::vector<int32_t> out;
+  auto encode_plain = [&](std::string_view part) {
+    if (part.empty()) return;
+    int32_t* ids = nullptr;
+    size_t n = 0;
+    char err[1024];
+    if (spm().encode(handle_->spm, part.data(), part.size(), &ids, &n, err, sizeof(err)) != 0)
+      throw TokenizerError(std::string("encode failed: ") + err);
+    out.insert(out.end(), ids, ids + n);
+    spm().free(ids);
+  };
+  size_t from = 0;
+  while (true) {
+    size_t at = std::string_view::npos, which = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      const size_t found = texts[k].empty() ? std::string_view::npos : text.find(texts[k], from);
+      if (found < at) at = found, which = k;
+    }
+    if (at == std::string_view::npos) break;
+    encode_plain(text.substr(from, at - from));
+    out.push_back(specials[which]);
+    from = at + texts[which].size();
+  }
+  encode_plain(text.substr(from));
   return out;
 }
 
@@ -302,12 +347,23 @@ std::vector<int32_t> Tokenizer::encode_document(std::string_view text) const {
   return ids;
 }
 
-std::string Tokenizer::special_names_json() const {
-  return nlohmann::json{{"pad_token", piece(specials_.pad)},
-                        {"bos_token", piece(specials_.bos)},
-                        {"eos_token", piece(specials_.eos)}}
-             .dump(2) +
-         "\n";
+std::string Tokenizer::config_json() const {
+  nlohmann::json j{{"pad_token", piece(specials_.pad)},
+                   {"bos_token", piece(specials_.bos)},
+                   {"eos_token", piece(specials_.eos)}};
+  if (!chat_template_.empty()) j["chat_template"] = chat_template_;
+  return j.dump(2) + "\n";
+}
+
+ChatTemplate Tokenizer::chat_template() const {
+  if (!bpe_) return ChatTemplate::minimind3();
+  if (chat_template_.empty())
+    throw TokenizerError("tokenizer '" + source_ +
+                             "' has no chat template (no chat_template in a "
+                             "tokenizer_config.json beside it)",
+                         "put the tokenizer_config.json that came with the tokenizer beside it "
+                         "(MiniMind's model/tokenizer_config.json)");
+  return ChatTemplate::identify(chat_template_, chat_template_source_);
 }
 
 void Tokenizer::check_vocab_size(int64_t model_vocab_size) const {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "minimind/data/byte_level_bpe.h"
+#include "minimind/data/chat.h"
 #include "minimind/error.h"
 
 namespace minimind {
@@ -51,6 +52,11 @@ enum class PieceType : int32_t {
 std::vector<std::string> special_names_of_config(const std::string& text,
                                                  const std::string& source);
 
+// The chat_template a tokenizer_config.json's text gives ("" when it has none). A value
+// that is not a string (transformers' list of named templates) is a TokenizerError naming the
+// field and `source`.
+std::string chat_template_of_config(const std::string& text, const std::string& source);
+
 class Tokenizer {
  public:
   // From a file's bytes (a .model or a tokenizer.json). A tokenizer.json's pad, bos and eos
@@ -73,10 +79,19 @@ class Tokenizer {
   static std::string train(const std::vector<std::string_view>& texts, int32_t vocab_size);
 
   const SpecialIds& specials() const { return specials_; }
-  // The names of specials() as a tokenizer_config.json gives them (pad_token, bos_token,
-  // eos_token): what a run directory keeps beside its tokenizer.json.
-  std::string special_names_json() const;
+  // What a run directory keeps beside its tokenizer.json, as a tokenizer_config.json: the
+  // names of specials() (pad_token, bos_token, eos_token) and the chat_template read.
+  std::string config_json() const;
 
+  // How a conversation becomes text (chat.h): a tokenizer.json's chat_template, from the
+  // tokenizer_config.json beside it; MiniMind-3's for a sentencepiece model, whose pad, bos
+  // and eos pieces are the template's markers. TokenizerError naming the file when a
+  // tokenizer.json has none, or one this tool does not render.
+  ChatTemplate chat_template() const;
+
+  // The ids of a text, no bos or eos added. The special tokens' texts in it are those tokens,
+  // as Hugging Face's library and llama.cpp read them: "<|im_start|>" typed in a chat is the
+  // bos id, not its characters (for a sentencepiece model: its pad, bos and eos pieces).
   std::vector<int32_t> encode(std::string_view text) const;
   // A document as MiniMind stores it for training and evaluation: [bos] + encode(text) + [eos].
   std::vector<int32_t> encode_document(std::string_view text) const;
@@ -101,7 +116,9 @@ class Tokenizer {
   std::shared_ptr<const ByteLevelBpe> bpe_;
   std::string bytes_;
   SpecialIds specials_;
-  std::string source_;  // the file (or name) it came from, for messages
+  std::string source_;                // the file (or name) it came from, for messages
+  std::string chat_template_;         // a tokenizer.json's, "" when none was beside it
+  std::string chat_template_source_;  // the tokenizer_config.json it came from
 };
 
 }  // namespace minimind

@@ -328,11 +328,11 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
     // Written whole or not at all: a crash here leaves the previous copy.
     const Tokenizer tok = Tokenizer::from_file(prepared->tokenizer_path);
     write_file_atomic((fs::path(run_dir) / name).string(), tok.model_bytes());
-    // A tokenizer.json's pad, bos and eos by name, as read (perhaps from a
-    // tokenizer_config.json beside the original), so the run's copy reads the same.
+    // A tokenizer.json's pad, bos and eos by name and its chat template, as read (perhaps
+    // from a tokenizer_config.json beside the original), so the run's copy reads the same.
     const fs::path names = fs::path(run_dir) / "tokenizer_config.json";
     if (tok.is_hf_json())
-      write_file_atomic(names.string(), tok.special_names_json());
+      write_file_atomic(names.string(), tok.config_json());
     else
       fs::remove(names);
   }
