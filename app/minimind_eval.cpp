@@ -233,33 +233,60 @@ int evaluate_command(const Args& a, minimind::EvalModel& m, const minimind::Comp
   const int threads = plan.threads;
   const Config& cfg = m.config;
   std::optional<TokenFile> docs;
+  std::optional<SftIndex> chat;  // chat data: the answers are scored
   const std::string tmp =
       (std::filesystem::temp_directory_path() / ("minimind-eval-" + std::to_string(::getpid())))
           .string();
+  if (a.chat && a.data.empty() && cfg.data.mode != "sft")
+    throw DataError("--chat: the run's validation split is text (data.mode " + cfg.data.mode +
+                        "), not conversations",
+                    "pass --data FILE.jsonl of conversations (one {\"conversations\": [...]} a "
+                    "line)");
+  if (a.chat && a.truncate)
+    throw Error("--truncate is for text; a conversation is cut at data.max_seq_len");
   if (!a.data.empty()) {
     if (!m.tokenizer)
       throw TokenizerError(
           "--data needs a tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
-    docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
+    if (a.chat) {
+      ChatTokens t = tokenize_chat_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
+      docs = std::move(t.tokens);
+      chat = std::move(t.index);
+    } else {
+      docs = tokenize_corpus(a.data, *m.tokenizer, tmp, a.max_docs);
+    }
   } else {
-    docs = TokenFile::open(validation_split(cfg, threads, "").val_path);
+    const std::string val = validation_split(cfg, threads, "").val_path;
+    docs = TokenFile::open(val);
+    if (cfg.data.mode == "sft") chat = SftIndex::read(val);
   }
   const int64_t batch = a.batch_size > 0 ? a.batch_size : cfg.train.batch_size;
   const Stopwatch clock;
-  EvalResult r = evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs,
-                          a.truncate ? LongDocuments::truncate : LongDocuments::windows);
+  EvalResult r = chat
+                     ? evaluate_chat(m.model, *docs, *chat, cfg.data.max_seq_len, batch, a.max_docs)
+                     : evaluate(m.model, *docs, cfg.data.max_seq_len, batch, a.max_docs,
+                                a.truncate ? LongDocuments::truncate : LongDocuments::windows);
   const double secs = clock.seconds();
   std::filesystem::remove_all(tmp);
 
   EvalSummary summary{r.loss,          r.ppl,     r.tokens, r.documents,     secs,
                       r.tokens / secs, m.weights, {},       r.corpus_tokens, r.corpus_documents,
                       a.truncate};
-  spdlog::info(
-      "loss {:.4f} | ppl {:.2f} | {} of {} tokens predicted, {} of {} documents{} | "
-      "{:.1f} s ({:.0f} tokens/s)",
-      r.loss, r.ppl, r.tokens, r.corpus_tokens, r.documents, r.corpus_documents,
-      r.rows > r.documents ? fmt::format(" in {} windows", r.rows) : "", secs, r.tokens / secs);
-  if (r.tokens < r.corpus_tokens)
+  if (chat)
+    spdlog::info(
+        "chat loss {:.4f} | ppl {:.2f} | {} of {} answer tokens, {} of {} conversations | "
+        "{:.1f} s",
+        r.loss, r.ppl, r.tokens, r.corpus_tokens, r.documents, r.corpus_documents, secs);
+  else
+    spdlog::info(
+        "loss {:.4f} | ppl {:.2f} | {} of {} tokens predicted, {} of {} documents{} | "
+        "{:.1f} s ({:.0f} tokens/s)",
+        r.loss, r.ppl, r.tokens, r.corpus_tokens, r.documents, r.corpus_documents,
+        r.rows > r.documents ? fmt::format(" in {} windows", r.rows) : "", secs, r.tokens / secs);
+  if (chat && r.tokens < r.corpus_tokens)
+    spdlog::info("  {} answer tokens left out: --max-docs stops before the end",
+                 r.corpus_tokens - r.tokens);
+  else if (r.tokens < r.corpus_tokens)
     spdlog::info("  {} tokens left out: {}", r.corpus_tokens - r.tokens,
                  a.truncate ? fmt::format("--truncate keeps the first {} tokens of each document",
                                           cfg.data.max_seq_len)
@@ -525,6 +552,9 @@ int main(int argc, char** argv) {
   model_options(loss);
   loss->add_option("--data", a.data, "JSONL corpus (default: the run's validation split)");
   corpus_options(loss);
+  loss->add_flag("--chat", a.chat,
+                 "--data is chat data: score the answers only (a run trained with data.mode sft "
+                 "scores its validation split so without it)");
   loss->add_flag("--truncate", a.truncate,
                  "keep only the first data.max_seq_len tokens of each document, as MiniMind's "
                  "PretrainDataset does (default: every token, in windows)");

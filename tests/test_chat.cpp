@@ -3,12 +3,21 @@
 // sentencepiece model reading its special tokens in text. (Whole corpora against Jinja, the
 // Rust library and a Python label rule: tests/chat_exact.sh.)
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
+#include "minimind/data/batcher.h"
 #include "minimind/data/chat.h"
+#include "minimind/data/prepare.h"
 #include "minimind/data/sft.h"
 #include "minimind/data/tokenizer.h"
+#include "minimind/eval/evaluate.h"
+#include "minimind/model/minimind_model.h"
 #include "support/test_support.h"
 
 using namespace minimind;
@@ -202,4 +211,180 @@ TEST(SftEncoder, SentencepieceReadsItsSpecialTokensInText) {
   const SftEncoder enc(tok);
   EXPECT_EQ(enc.answer_open().front(), 1);
   EXPECT_EQ(enc.answer_close(), (std::vector<int32_t>{2, tok.encode("\n").front()}));
+}
+
+namespace {
+
+// The shipped test conversations prepared as chat data with MiniMind's tokenizer of
+// `generation` ("" or "minimind2"), no validation split.
+struct ChatData {
+  explicit ChatData(const std::string& generation) {
+    const std::string dir = test::temp_dir("chat_data_" + (generation.empty() ? "3" : generation));
+    DataConfig d;
+    d.train = test::source_path("tests/data/chat-corpus.jsonl");
+    d.tokenizer =
+        test::source_path("tests/data/minimind-tokenizer/" +
+                          (generation.empty() ? "" : generation + "/") + "tokenizer.json");
+    d.val_fraction = 0;
+    d.mode = "sft";
+    d.cache_dir = dir + "/cache";
+    prepared = prepare_data(d, 6400, 1);
+    tokens = TokenFile::open(prepared.train_path);
+    index = std::make_shared<const SftIndex>(SftIndex::read(prepared.train_path));
+    tok.emplace(Tokenizer::from_file(d.tokenizer));
+    std::ifstream in(d.train);
+    for (std::string line; std::getline(in, line);) conversations.push_back(parsed(line));
+  }
+  PreparedData prepared;
+  TokenFile tokens;
+  std::shared_ptr<const SftIndex> index;
+  std::optional<Tokenizer> tok;
+  std::vector<Conversation> conversations;
+};
+
+// The row's conversation and its length before padding, from its ids.
+std::vector<int64_t> row_of(const Batch& b, int64_t r) {
+  const torch::Tensor ids = b.input_ids[r].contiguous();
+  return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+}
+
+}  // namespace
+
+// Training rows of chat data are MiniMind's rows, for both generations: with no augmentation
+// (add_system_ratio 0, every empty think block kept) each row is its conversation's
+// rendering as tokenize --chat makes it; with every augmentation (a system prompt wherever
+// one may go, every empty think block removed) each row is the augmented conversation
+// rendered and tokenised whole, though the sampler joins stored ids: the system block's ids
+// and the rendering's after the template's default block.
+TEST(ChatRows, AreTheAugmentedConversationRenderedAndTokenisedWhole) {
+  for (const std::string generation : {"", "minimind2"}) {
+    SCOPED_TRACE(generation.empty() ? "minimind-3" : generation);
+    const ChatData data(generation);
+    const SftEncoder enc(*data.tok);
+    const int64_t N = static_cast<int64_t>(data.conversations.size()), L = 96;
+    ASSERT_EQ(data.tokens.num_docs(), static_cast<uint64_t>(2 * N));
+    for (const bool augmented : {false, true}) {
+      SftRowsOptions o;
+      o.add_system_ratio = augmented ? 1.0 : 0.0;
+      o.empty_think_ratio = augmented ? 0.0 : 1.0;
+      const BatchSampler sampler(data.tokens, "sft", N, L, 7, 0, 1, data.index, o);
+      const Batch b = sampler.batch(0);  // one epoch: every conversation once
+      int64_t with_prompt = 0;
+      std::set<std::vector<int64_t>> got;
+      for (int64_t r = 0; r < N; ++r) got.insert(row_of(b, r));
+      for (int64_t c = 0; c < N; ++c) {
+        const Conversation& conv = data.conversations[static_cast<size_t>(c)];
+        std::vector<std::string> texts;
+        if (!augmented) {
+          texts.push_back(enc.chat_template().render(conv));
+        } else if (may_add_system_prompt(conv)) {
+          // Which of the ten prompts a row took is the draw's: any one of them.
+          for (const char* p : kSystemPrompts) {
+            Conversation with = conv;
+            with.messages.insert(with.messages.begin(),
+                                 ChatMessage{"system", p, {}, {}, {}, false});
+            texts.push_back(without_empty_think(enc.chat_template().render(with)));
+          }
+        } else {
+          texts.push_back(without_empty_think(enc.chat_template().render(conv)));
+        }
+        bool found = false;
+        for (size_t k = 0; k < texts.size() && !found; ++k) {
+          const SftRow want = enc.row(data.tok->encode(texts[k]), L);
+          found = got.count(want.ids) > 0;
+          with_prompt += found && texts.size() > 1;
+        }
+        EXPECT_TRUE(found) << "conversation " << c + 1;
+      }
+      if (augmented) {
+        EXPECT_GT(with_prompt, 5);  // not vacuous: prompts were put first
+      }
+      // Labels: MiniMind's rule on each row's ids.
+      for (int64_t r = 0; r < N; ++r) {
+        const torch::Tensor lab = b.labels[r].contiguous();
+        EXPECT_EQ(std::vector<int64_t>(lab.data_ptr<int64_t>(), lab.data_ptr<int64_t>() + L),
+                  sft_labels(row_of(b, r), enc.answer_open(), enc.answer_close(), L));
+      }
+    }
+  }
+}
+
+// The draws: over many epochs, a system prompt on about add_system_ratio of the rows that
+// may take one, and empty think blocks kept on about empty_think_ratio of the rows; the same
+// rows for the same seed, others for another.
+TEST(ChatRows, DrawTheAugmentationsAtTheirRates) {
+  const ChatData data("");
+  const int64_t N = static_cast<int64_t>(data.conversations.size()), L = 64;
+  SftRowsOptions o;  // MiniMind's 0.2 and 0.2
+  const BatchSampler sampler(data.tokens, "sft", N, L, 11, 0, 1, data.index, o);
+  int64_t may = 0, prompted = 0, rows = 0, kept = 0;
+  const int32_t think = data.tok->encode("<think>").front();
+  for (int64_t epoch = 0; epoch < 200; ++epoch) {
+    const Batch b = sampler.batch(epoch);
+    for (int64_t r = 0; r < N; ++r) {
+      const std::vector<int64_t> row = row_of(b, r);
+      bool has_system = false;
+      for (const auto& block : data.index->system)
+        has_system |= std::equal(block.begin(), block.end(), row.begin());
+      prompted += has_system;
+      const bool has_think = std::find(row.begin(), row.end(), think) != row.end();
+      kept += has_think;
+      ++rows;
+    }
+  }
+  for (int64_t c = 0; c < N; ++c) may += data.index->may_add_system[static_cast<size_t>(c)];
+  const double system_share = static_cast<double>(prompted) / static_cast<double>(200 * may);
+  EXPECT_NEAR(system_share, 0.2, 0.03);
+  // Every conversation of the corpus has think blocks (MiniMind-3 writes one per answer), most
+  // of them empty: the kept share is near 0.2 plus the rows whose blocks are not empty.
+  const double kept_share = static_cast<double>(kept) / static_cast<double>(rows);
+  EXPECT_GT(kept_share, 0.15);
+  EXPECT_LT(kept_share, 0.5);
+  const BatchSampler same(data.tokens, "sft", N, L, 11, 0, 1, data.index, o);
+  EXPECT_TRUE(torch::equal(same.batch(3).input_ids, sampler.batch(3).input_ids));
+  const BatchSampler other(data.tokens, "sft", N, L, 12, 0, 1, data.index, o);
+  EXPECT_FALSE(torch::equal(other.batch(3).input_ids, sampler.batch(3).input_ids));
+}
+
+// The chat loss of a model (evaluate_chat, what training's evaluations and minimind-eval
+// report) against the loss formed here from tokenize --chat's rows: cross-entropy of each
+// answer token given the ones before, summed over every labelled target of every
+// conversation and divided by their count, in float64 from the model's logits. Within 1e-6
+// relative (float32 logits, sums in another order).
+TEST(ChatLoss, IsTheMeanOverTheAnswersTokens) {
+  const ChatData data("");
+  ModelConfig m;
+  m.hidden_size = 32, m.num_hidden_layers = 2, m.num_attention_heads = 2;
+  m.num_key_value_heads = 1, m.vocab_size = 6400, m.use_moe = true, m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  Config cfg;
+  cfg.model = m;
+  validate_and_resolve(cfg);
+  torch::manual_seed(3);
+  MiniMindForCausalLM model(cfg.model);
+  init_weights(model);
+  const int64_t L = 80;
+  const EvalResult got = evaluate_chat(model, data.tokens, *data.index, L, 4);
+  const SftEncoder enc(*data.tok);
+  double sum = 0;
+  int64_t count = 0;
+  {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    for (const Conversation& c : data.conversations) {
+      const SftRow row = enc.row(enc.encode(c), L);
+      const torch::Tensor ids = torch::tensor(row.ids).view({1, L});
+      const torch::Tensor logits = model(ids).logits[0].to(torch::kDouble);  // [L, V]
+      const torch::Tensor logp = torch::log_softmax(logits, -1);
+      for (int64_t t = 1; t < L; ++t) {
+        if (row.labels[static_cast<size_t>(t)] == -100) continue;
+        sum -= logp[t - 1][row.labels[static_cast<size_t>(t)]].item<double>();
+        ++count;
+      }
+    }
+  }
+  ASSERT_GT(count, 100);
+  EXPECT_EQ(got.tokens, count);
+  EXPECT_EQ(got.documents, static_cast<int64_t>(data.conversations.size()));
+  EXPECT_NEAR(got.loss, sum / count, 1e-6 * sum / count);
 }

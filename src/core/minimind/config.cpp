@@ -156,6 +156,8 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(data, tokenizer),
       MM_FIELD(data, max_seq_len),
       MM_FIELD(data, mode),
+      MM_FIELD(data, add_system_ratio),
+      MM_FIELD(data, empty_think_ratio),
       MM_FIELD(data, cache_dir),
       MM_FIELD(data, strict),
       MM_FIELD(train, batch_size),
@@ -431,8 +433,10 @@ void validate_data(const Checker& c, const Config& cfg) {
     c.fail("data.max_seq_len", std::to_string(d.max_seq_len) +
                                    " exceeds model.max_position_embeddings (" +
                                    std::to_string(cfg.model.max_position_embeddings) + ")");
-  if (d.mode != "pack" && d.mode != "pad")
-    c.fail("data.mode", "must be \"pack\" or \"pad\", got \"" + d.mode + "\"");
+  if (d.mode != "pack" && d.mode != "pad" && d.mode != "sft")
+    c.fail("data.mode", "must be \"pack\", \"pad\" or \"sft\", got \"" + d.mode + "\"");
+  c.in_range("data.add_system_ratio", d.add_system_ratio, 0.0, 1.0, false);
+  c.in_range("data.empty_think_ratio", d.empty_think_ratio, 0.0, 1.0, false);
   // pack rows hold max_seq_len + 1 tokens (max_seq_len predictions).
   if (d.mode == "pack" && d.max_seq_len + 1 > cfg.model.max_position_embeddings)
     c.fail("data.max_seq_len",

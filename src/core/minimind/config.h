@@ -128,9 +128,14 @@ struct DataConfig {
   std::string train = "data/austen.jsonl";
   std::string val;  // empty: hold out val_fraction of train's records
   double val_fraction = 0.02;
-  std::string tokenizer;            // empty: train a sentencepiece model from `train`
-  int64_t max_seq_len = 340;        // MiniMind's pretraining default
-  std::string mode = "pack";        // pack | pad
+  std::string tokenizer;      // empty: train a sentencepiece model from `train`
+  int64_t max_seq_len = 340;  // MiniMind's pretraining default
+  std::string mode = "pack";  // pack | pad | sft (chat data, docs/fine-tuning.md)
+  // sft: MiniMind's augmentations, drawn from run.seed for each row: the share of rows of a
+  // conversation without system turn or tools that get one of MiniMind's system prompts,
+  // and the share that keep their empty think blocks (the others lose them).
+  double add_system_ratio = 0.2;
+  double empty_think_ratio = 0.2;
   std::string cache_dir = "cache";  // prepared tokenizers and token files
   bool strict = false;              // bad corpus lines are errors instead of skipped records
 };

@@ -5,9 +5,11 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "minimind/data/sft.h"
 #include "minimind/data/token_file.h"
 #include "minimind/util/mix64.h"
 
@@ -32,10 +34,14 @@ class BatchSampler {
   // mode "pad": MiniMind's PretrainDataset: one document per row, in a shuffled order
   //   per epoch; [bos] + tokens[:max_seq_len - 2] + [eos], right-padded with 0 to
   //   L = max_seq_len; labels are -100 on padding.
+  // mode "sft": MiniMind's SFTDataset: one conversation per row, in a shuffled order per
+  //   epoch, augmented by draws from the seed (fill_sft_row; `sft` holds the file's index
+  //   and the rates), cut at max_seq_len and right-padded; labels on the answers only.
   // Rank r of world w draws the rows of global batches b * w + r (disjoint shards).
   // Throws DataError when the file cannot fill one batch.
   BatchSampler(const TokenFile& tokens, std::string mode, int64_t batch_size, int64_t max_seq_len,
-               uint64_t seed, int64_t rank = 0, int64_t world_size = 1);
+               uint64_t seed, int64_t rank = 0, int64_t world_size = 1,
+               std::shared_ptr<const SftIndex> sft = nullptr, SftRowsOptions sft_rows = {});
 
   // The index-th batch of this rank: a pure function of (file, settings, seed, index).
   Batch batch(int64_t index) const;
@@ -47,6 +53,9 @@ class BatchSampler {
  private:
   Batch pack_batch(int64_t global_batch) const;
   Batch pad_batch(int64_t global_batch) const;
+  Batch sft_batch(int64_t global_batch) const;
+  // The rows an epoch visits: documents, or conversations (two documents each) in sft mode.
+  uint64_t units() const { return sft_ ? tokens_.num_docs() / 2 : tokens_.num_docs(); }
   const std::vector<uint32_t>& epoch_order(int64_t epoch) const;
 
   const TokenFile& tokens_;
@@ -55,7 +64,9 @@ class BatchSampler {
   uint64_t seed_;
   int64_t rank_, world_size_;
   int64_t position_ = 0;
-  mutable std::map<int64_t, std::vector<uint32_t>> orders_;  // pad mode: epoch -> doc order
+  std::shared_ptr<const SftIndex> sft_;
+  SftRowsOptions sft_rows_;
+  mutable std::map<int64_t, std::vector<uint32_t>> orders_;  // pad, sft: epoch -> order
 };
 
 }  // namespace minimind

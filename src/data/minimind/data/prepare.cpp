@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "minimind/data/jsonl.h"
+#include "minimind/data/sft.h"
 #include "minimind/data/tokenizer.h"
 #include "minimind/util/atomic_file.h"
 #include "minimind/util/input_file.h"
@@ -153,10 +154,50 @@ CorpusCount count_records(const std::string& path, bool strict, spdlog::logger& 
   return c;
 }
 
+CorpusCount count_conversations(const std::string& path, bool strict, spdlog::logger& log,
+                                const StopFlag* stop) {
+  CorpusCount c;
+  c.stats = read_conversations(
+      path, {strict, 20},
+      [&](Conversation&& conv, int64_t) {
+        check_stop(stop);
+        for (const auto& m : conv.messages) c.text_bytes += m.content.size();
+      },
+      log);
+  log.info("{}", c.stats.summary(path));
+  return c;
+}
+
 // Later passes over a corpus already counted: its bad lines were reported by the first.
 spdlog::logger& quiet_logger() {
   static spdlog::logger quiet("quiet");
   return quiet;
+}
+
+// Chat data into token files (data.mode: sft): conversation i goes to out(i) (nullptr:
+// skipped) as two documents, its rendering and the same without empty think blocks, and
+// its may-take-a-system-prompt flag to index(i).
+void tokenise_conversations(const Tokenizer& tok, const std::string& path,
+                            const std::function<TokenFileWriter*(int64_t)>& out,
+                            const std::function<SftIndex*(int64_t)>& index, spdlog::logger& log,
+                            const StopFlag* stop) {
+  const SftEncoder enc(tok);
+  const Stopwatch clock;
+  int64_t i = 0, conversations = 0;
+  uint64_t tokens = 0;
+  read_conversations(
+      path, {false, 0},
+      [&](Conversation&& c, int64_t) {
+        check_stop(stop);
+        const int64_t k = i++;
+        if (TokenFileWriter* dest = out(k)) {
+          tokens += static_cast<uint64_t>(enc.add_to(c, *dest, *index(k)));
+          ++conversations;
+        }
+      },
+      quiet_logger());
+  log.info("tokenised {}: {} conversations, {} tokens ({} template) in {:.1f} s", path,
+           conversations, tokens, enc.chat_template().name(), clock.seconds());
 }
 
 // Tokenises a corpus (one streaming pass) into token files: record i goes to `out[i]` ==
@@ -285,8 +326,13 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
                                              : "file " + std::to_string(fs::file_size(data.val));
   fs::create_directories(fs::path(data.cache_dir) / "tokenizers");
   std::optional<CorpusCount> train_count;  // made only when something has to be made
+  const bool chat = data.mode == "sft";
+  auto count = [&](const std::string& path, bool strict) {
+    return chat ? count_conversations(path, strict, log, stop)
+                : count_records(path, strict, log, stop);
+  };
   auto counted = [&]() -> CorpusCount& {
-    if (!train_count) train_count = count_records(data.train, data.strict, log, stop);
+    if (!train_count) train_count = count(data.train, data.strict);
     return *train_count;
   };
   auto held_out_mask = [&] {
@@ -297,6 +343,12 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
 
   // 1. The tokenizer: given, or trained on (a sample of) the training split and cached.
   std::string model_bytes;
+  if (chat && data.tokenizer.empty())
+    throw DataError(
+        "data.mode: sft needs a tokenizer with a chat template, and data.tokenizer is empty",
+        "start from a trained run (train.init_from: RUN uses its tokenizer), or set "
+        "data.tokenizer to a run's tokenizer file or a tokenizer.json with its "
+        "tokenizer_config.json beside it");
   if (!data.tokenizer.empty()) {
     out.tokenizer_path = data.tokenizer;
     model_bytes = read_file(data.tokenizer, "tokenizer model");
@@ -364,6 +416,8 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   // Since 2026-12-07 a sentencepiece model's special tokens typed in a text are those tokens
   // (Tokenizer::encode): token files made before may hold their characters.
   kb.add("special tokens in text");
+  // Chat data: each conversation's two renderings by the tokenizer's template.
+  if (chat) kb.add(std::string("sft ") + tok.chat_template().name());
   kb.add(split).add_file(data.train, "corpus");
   if (data.val.empty())
     kb.add("");
@@ -379,13 +433,15 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
   out.train_path = (dir / "train.tok").string();
   const bool has_val = !data.val.empty() || data.val_fraction > 0;
   out.val_path = has_val ? (dir / "val.tok").string() : "";
-  out.tokens_cached =
-      usable(out.train_path, key, log) && (!has_val || usable(out.val_path, key, log));
+  auto usable_file = [&](const std::string& path) {
+    return usable(path, key, log) && (!chat || fs::exists(path + ".sft"));
+  };
+  out.tokens_cached = usable_file(out.train_path) && (!has_val || usable_file(out.val_path));
   // data.strict refuses a corpus with bad lines even when its token files are cached
   // (they were made by a run that skipped the lines).
   if (data.strict && out.tokens_cached) {
     counted();
-    if (!data.val.empty()) count_records(data.val, true, log, stop);
+    if (!data.val.empty()) count(data.val, true);
   }
   if (!out.tokens_cached) {
     fs::create_directories(dir);
@@ -395,15 +451,32 @@ PreparedData prepare_data(const DataConfig& data, int64_t vocab_size, int thread
     TokenFileWriter train_writer(out.train_path, vocab, key, pad);
     std::optional<TokenFileWriter> val_writer;
     if (has_val) val_writer.emplace(out.val_path, vocab, key, pad);
-    tokenise_corpus(
-        tok, data.train, counted().text_bytes,
-        [&](int64_t i) { return held_out[static_cast<size_t>(i)] ? &*val_writer : &train_writer; },
-        threads, log, stop);
-    if (!data.val.empty()) {
-      const CorpusCount val_count = count_records(data.val, data.strict, log, stop);
-      tokenise_corpus(
-          tok, data.val, val_count.text_bytes, [&](int64_t) { return &*val_writer; }, threads, log,
-          stop);
+    auto split_of = [&](int64_t i) {
+      return held_out[static_cast<size_t>(i)] ? &*val_writer : &train_writer;
+    };
+    if (chat) {
+      SftIndex train_index = SftEncoder(tok).index_base(), val_index = train_index;
+      tokenise_conversations(
+          tok, data.train, split_of,
+          [&](int64_t i) { return held_out[static_cast<size_t>(i)] ? &val_index : &train_index; },
+          log, stop);
+      if (!data.val.empty()) {
+        count(data.val, data.strict);
+        tokenise_conversations(
+            tok, data.val, [&](int64_t) { return &*val_writer; },
+            [&](int64_t) { return &val_index; }, log, stop);
+      }
+      // Each index before its token file: a token file found is one with its index.
+      train_index.write(out.train_path);
+      if (val_writer) val_index.write(out.val_path);
+    } else {
+      tokenise_corpus(tok, data.train, counted().text_bytes, split_of, threads, log, stop);
+      if (!data.val.empty()) {
+        const CorpusCount val_count = count(data.val, data.strict);
+        tokenise_corpus(
+            tok, data.val, val_count.text_bytes, [&](int64_t) { return &*val_writer; }, threads,
+            log, stop);
+      }
     }
     train_writer.finish();
     if (val_writer) val_writer->finish();

@@ -173,4 +173,25 @@ TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
   return TokenFile::open(path);
 }
 
+ChatTokens tokenize_chat_corpus(const std::string& jsonl, const Tokenizer& tok,
+                                const std::string& tmp_dir, int64_t max_docs) {
+  fs::create_directories(tmp_dir);
+  const std::string path = (fs::path(tmp_dir) / "eval-chat.tok").string();
+  const SftEncoder enc(tok);
+  SftIndex index = enc.index_base();
+  {
+    TokenFileWriter w(path, static_cast<uint32_t>(tok.vocab_size()), {0, 0},
+                      static_cast<uint32_t>(tok.specials().pad));
+    int64_t n = 0;
+    read_conversations(jsonl, {}, [&](Conversation&& c, int64_t) {
+      if (max_docs >= 0 && n >= max_docs) return;
+      enc.add_to(c, w, index);
+      ++n;
+    });
+    index.write(path);
+    w.finish();
+  }
+  return {TokenFile::open(path), std::move(index)};
+}
+
 }  // namespace minimind

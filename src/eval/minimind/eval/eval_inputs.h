@@ -8,6 +8,7 @@
 
 #include "minimind/compute_plan.h"
 #include "minimind/config.h"
+#include "minimind/data/sft.h"
 #include "minimind/data/token_file.h"
 #include "minimind/data/tokenizer.h"
 #include "minimind/model/minimind_model.h"
@@ -61,5 +62,14 @@ EvalModel load_eval_model(const std::string& path, const std::string& config_pat
 // max_docs < 0: all records.
 TokenFile tokenize_corpus(const std::string& jsonl, const Tokenizer& tok,
                           const std::string& tmp_dir, int64_t max_docs);
+
+// Chat data (a JSONL of conversations) into a temporary chat token file and its index
+// (sft.h), for evaluate_chat. max_docs < 0: all conversations.
+struct ChatTokens {
+  TokenFile tokens;
+  SftIndex index;
+};
+ChatTokens tokenize_chat_corpus(const std::string& jsonl, const Tokenizer& tok,
+                                const std::string& tmp_dir, int64_t max_docs);
 
 }  // namespace minimind

@@ -28,29 +28,21 @@ std::vector<EvalWindow> eval_windows(const TokenFile& docs, int64_t n, int64_t m
   return rows;
 }
 
-EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
-                    int64_t batch_size, int64_t max_docs, LongDocuments long_documents,
-                    const ParallelContext& parallel) {
-  Distributed* dist = parallel.job;
+namespace {
+
+// The evaluation loop: rows [0, total) in batches of batch_size over the ranks, each row
+// filled by fill(row, L, ids, labels) (L: the batch's row length, room for `length(row)`
+// ids; ids prefilled with `pad`, labels with -100); the loss summed over labelled targets.
+template <class Length, class Fill>
+void evaluate_rows(MiniMindForCausalLM& model, int64_t total, int64_t batch_size, int64_t pad,
+                   const ParallelContext& parallel, Length length, Fill fill, EvalResult& r) {
   const bool was_training = model->is_training();
   model->eval();
   // Inference mode: no autograd bookkeeping (version counters, view tracking) on any op.
   c10::InferenceMode inference;
+  Distributed* dist = parallel.job;
   const int64_t rank = dist ? dist->rank() : 0, world = dist ? dist->world_size() : 1;
-  const ModelConfig& m = model->config();
-  EvalResult r;
-  // Sized from the config, so that a rank that gets no batch still sums with the others.
-  r.expert_counts =
-      ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts),
-                          m.use_moe && m.learned_router());
-  const auto all_docs = static_cast<int64_t>(docs.num_docs());
-  const int64_t n = max_docs < 0 ? all_docs : std::min<int64_t>(max_docs, all_docs);
-  r.documents = n;
-  r.corpus_documents = all_docs;
-  r.corpus_tokens = static_cast<int64_t>(docs.num_tokens()) - all_docs;
-  const std::vector<EvalWindow> rows = eval_windows(docs, n, max_seq_len, long_documents);
-  r.rows = static_cast<int64_t>(rows.size());
-  const auto total = static_cast<int64_t>(rows.size());
+  r.rows = total;
   double loss_sum = 0;
   int64_t tokens = 0;
   // Experts spread over the ranks (expert parallelism): every forward exchanges rows with
@@ -61,24 +53,17 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   for (int64_t round = 0, first = rank * batch_size; in_step ? round < rounds : first < total;
        ++round, first += world * batch_size) {
     if (first >= total) {
-      model(torch::full({1, 2}, docs.pad_id(), torch::kLong));
+      model(torch::full({1, 2}, pad, torch::kLong));
       continue;
     }
     const int64_t B = std::min(batch_size, total - first);
     // Rows are only as long as the longest of the batch needs.
     int64_t L = 2;
-    for (int64_t b = first; b < first + B; ++b)
-      L = std::max(L, rows[static_cast<size_t>(b)].length);
-    torch::Tensor ids = torch::full({B, L}, docs.pad_id(), torch::kLong);  // [B, L]
-    torch::Tensor labels = torch::full({B, L}, -100, torch::kLong);        // [B, L]
-    for (int64_t b = 0; b < B; ++b) {
-      const EvalWindow& w = rows[static_cast<size_t>(first + b)];
-      int64_t* row = ids.data_ptr<int64_t>() + b * L;
-      docs.copy(docs.doc_start(w.doc) + static_cast<uint64_t>(w.start),
-                static_cast<uint64_t>(w.length), row);
-      if (w.eos_at_end) row[w.length - 1] = docs.eos_of(static_cast<uint64_t>(w.doc));
-      std::copy(row, row + w.length, labels.data_ptr<int64_t>() + b * L);
-    }
+    for (int64_t b = first; b < first + B; ++b) L = std::max(L, length(b));
+    torch::Tensor ids = torch::full({B, L}, pad, torch::kLong);      // [B, L]
+    torch::Tensor labels = torch::full({B, L}, -100, torch::kLong);  // [B, L]
+    for (int64_t b = 0; b < B; ++b)
+      fill(first + b, L, ids.data_ptr<int64_t>() + b * L, labels.data_ptr<int64_t>() + b * L);
     ForwardOutput out = model(ids);
     torch::Tensor ce = next_token_loss(out.logits, labels, /*mean=*/false);
     loss_sum += ce.item<double>();
@@ -99,6 +84,69 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
   r.loss = r.tokens > 0 ? loss_sum / r.tokens : NAN;
   r.ppl = std::exp(r.loss);
   model->train(was_training);
+}
+
+// A result sized from the config, so that a rank that gets no batch still sums with the
+// others.
+EvalResult empty_result(const MiniMindForCausalLM& model) {
+  const ModelConfig& m = model->config();
+  EvalResult r;
+  r.expert_counts =
+      ExpertCounts::zeros(m.use_moe ? m.num_hidden_layers : 0, static_cast<size_t>(m.num_experts),
+                          m.use_moe && m.learned_router());
+  return r;
+}
+
+}  // namespace
+
+EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t max_seq_len,
+                    int64_t batch_size, int64_t max_docs, LongDocuments long_documents,
+                    const ParallelContext& parallel) {
+  EvalResult r = empty_result(model);
+  const auto all_docs = static_cast<int64_t>(docs.num_docs());
+  const int64_t n = max_docs < 0 ? all_docs : std::min<int64_t>(max_docs, all_docs);
+  r.documents = n;
+  r.corpus_documents = all_docs;
+  r.corpus_tokens = static_cast<int64_t>(docs.num_tokens()) - all_docs;
+  const std::vector<EvalWindow> rows = eval_windows(docs, n, max_seq_len, long_documents);
+  evaluate_rows(
+      model, static_cast<int64_t>(rows.size()), batch_size, docs.pad_id(), parallel,
+      [&](int64_t b) { return rows[static_cast<size_t>(b)].length; },
+      [&](int64_t b, int64_t, int64_t* row, int64_t* labels) {
+        const EvalWindow& w = rows[static_cast<size_t>(b)];
+        docs.copy(docs.doc_start(w.doc) + static_cast<uint64_t>(w.start),
+                  static_cast<uint64_t>(w.length), row);
+        if (w.eos_at_end) row[w.length - 1] = docs.eos_of(static_cast<uint64_t>(w.doc));
+        std::copy(row, row + w.length, labels);
+      },
+      r);
+  return r;
+}
+
+EvalResult evaluate_chat(MiniMindForCausalLM& model, const TokenFile& docs, const SftIndex& index,
+                         int64_t max_seq_len, int64_t batch_size, int64_t max_docs,
+                         const ParallelContext& parallel) {
+  EvalResult r = empty_result(model);
+  const auto all = static_cast<int64_t>(docs.num_docs() / 2);
+  const int64_t n = max_docs < 0 ? all : std::min<int64_t>(max_docs, all);
+  r.documents = n;
+  r.corpus_documents = all;
+  std::vector<int64_t> ids(static_cast<size_t>(max_seq_len)), labels(ids.size());
+  for (int64_t c = 0; c < all; ++c) {
+    fill_sft_eval_row(docs, index, static_cast<uint64_t>(c), max_seq_len, ids.data(),
+                      labels.data());
+    for (size_t t = 1; t < labels.size(); ++t) r.corpus_tokens += labels[t] != -100;
+  }
+  evaluate_rows(
+      model, n, batch_size, docs.pad_id(), parallel,
+      [&](int64_t c) {
+        return std::min<int64_t>(
+            max_seq_len, static_cast<int64_t>(docs.doc_length(static_cast<uint64_t>(2 * c))));
+      },
+      [&](int64_t c, int64_t L, int64_t* row, int64_t* row_labels) {
+        fill_sft_eval_row(docs, index, static_cast<uint64_t>(c), L, row, row_labels);
+      },
+      r);
   return r;
 }
 

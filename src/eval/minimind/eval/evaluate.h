@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "minimind/data/sft.h"
 #include "minimind/data/token_file.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/expert_counts.h"
@@ -54,5 +55,13 @@ EvalResult evaluate(MiniMindForCausalLM& model, const TokenFile& docs, int64_t m
                     int64_t batch_size, int64_t max_docs = -1,
                     LongDocuments long_documents = LongDocuments::windows,
                     const ParallelContext& parallel = {});
+
+// Chat data (data.mode: sft; docs/fine-tuning.md): each conversation one row, its rendering
+// without augmentation cut at max_seq_len; the loss over the labelled targets only (the
+// answers), summed over rows and divided by their count (`tokens`). corpus_tokens: the
+// labelled targets of all conversations; documents: conversations. max_docs < 0: all.
+EvalResult evaluate_chat(MiniMindForCausalLM& model, const TokenFile& docs, const SftIndex& index,
+                         int64_t max_seq_len, int64_t batch_size, int64_t max_docs = -1,
+                         const ParallelContext& parallel = {});
 
 }  // namespace minimind

@@ -8,8 +8,10 @@ namespace minimind {
 
 void Evaluator::evaluate_at(int64_t step, int64_t tokens) {
   const Stopwatch clock;
-  EvalResult ev = evaluate(model_, val_, cfg_.data.max_seq_len, cfg_.train.batch_size, -1,
-                           LongDocuments::windows, parallel_);
+  EvalResult ev = chat_ ? evaluate_chat(model_, val_, *chat_, cfg_.data.max_seq_len,
+                                        cfg_.train.batch_size, -1, parallel_)
+                        : evaluate(model_, val_, cfg_.data.max_seq_len, cfg_.train.batch_size, -1,
+                                   LongDocuments::windows, parallel_);
   EvalInfo info;
   info.record = {
       step,

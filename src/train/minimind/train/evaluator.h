@@ -3,7 +3,10 @@
 // share and the sums are taken over ranks); the result goes to all observers.
 #pragma once
 
+#include <memory>
+
 #include "minimind/config.h"
+#include "minimind/data/sft.h"
 #include "minimind/data/token_file.h"
 #include "minimind/model/minimind_model.h"
 #include "minimind/run/parallel_context.h"
@@ -13,9 +16,16 @@ namespace minimind {
 
 class Evaluator : public Observer {
  public:
+  // chat: the validation file's chat index (data.mode: sft), null for text.
   Evaluator(MiniMindForCausalLM model, const TokenFile& val, const Config& cfg,
-            const ParallelContext& parallel, Observer& out)
-      : model_(std::move(model)), val_(val), cfg_(cfg), parallel_(parallel), out_(out) {}
+            const ParallelContext& parallel, Observer& out,
+            std::shared_ptr<const SftIndex> chat = nullptr)
+      : model_(std::move(model)),
+        val_(val),
+        chat_(std::move(chat)),
+        cfg_(cfg),
+        parallel_(parallel),
+        out_(out) {}
   void on_start(const RunStart& s) override {
     if (!s.resumed) evaluate_at(s.step, 0);
   }
@@ -31,6 +41,7 @@ class Evaluator : public Observer {
   void evaluate_at(int64_t step, int64_t tokens);
   MiniMindForCausalLM model_;
   const TokenFile& val_;
+  std::shared_ptr<const SftIndex> chat_;
   const Config& cfg_;
   ParallelContext parallel_;
   Observer& out_;

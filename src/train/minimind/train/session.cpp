@@ -343,8 +343,17 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
     log.warn("no validation split (data.val empty and data.val_fraction 0): no evaluation");
   // Rank r draws global batches r, r + world, ...: a global batch of world x batch_size
   // rows per micro-step, the same rows for any split of them over ranks.
+  if (cfg.data.mode == "sft") {
+    s.train_chat = std::make_shared<const SftIndex>(SftIndex::read(prepared->train_path));
+    if (s.val_tokens)
+      s.val_chat = std::make_shared<const SftIndex>(SftIndex::read(prepared->val_path));
+  }
+  SftRowsOptions chat_rows;
+  chat_rows.add_system_ratio = cfg.data.add_system_ratio;
+  chat_rows.empty_think_ratio = cfg.data.empty_think_ratio;
   s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
-                    static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size());
+                    static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size(),
+                    s.train_chat, chat_rows);
 
   if (const std::string allocator = allocator_name(); allocator != "tcmalloc" && main_rank)
     log.warn(

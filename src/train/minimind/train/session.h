@@ -36,6 +36,8 @@ struct TrainSession {
   std::optional<ComputeScope> compute;
   TokenFile train_tokens;
   std::optional<TokenFile> val_tokens;  // none when there is no validation split
+  // data.mode sft: the token files' chat indexes (SftIndex); null otherwise.
+  std::shared_ptr<const SftIndex> train_chat, val_chat;
   std::optional<BatchSampler> sampler;  // draws from train_tokens, positioned to continue
   // Expert parallelism (run.expert_parallel > 1): the expert groups; the model holds this
   // rank's shard of the experts and exchanges rows over it. Null otherwise.

@@ -122,7 +122,8 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   // The first expert group's other ranks send their experts to rank 0's checkpoints.
   if (!main_rank && s->ep && s->ep->in_first_group())
     bus.add(checkpointer.emplace(s->model, *s->optimizer, state, run_dir, tc, bus, s->parallel));
-  if (s->val_tokens) bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, s->parallel, bus));
+  if (s->val_tokens)
+    bus.add(evaluator.emplace(s->model, *s->val_tokens, cfg, s->parallel, bus, s->val_chat));
   // After the last checkpoint and evaluation, before the caller's observers (the report
   // reads analysis.json).
   std::optional<AnalysisWriter> analysis;
