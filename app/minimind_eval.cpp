@@ -32,6 +32,7 @@
 #include "minimind/data/tokenizer.h"
 #include "minimind/error.h"
 #include "minimind/eval/analyze.h"
+#include "minimind/eval/chat_session.h"
 #include "minimind/eval/eval_inputs.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/eval/generate.h"
@@ -429,6 +430,105 @@ int generate_command(const Args& a, minimind::EvalModel& m) {
   return 0;
 }
 
+// minimind-eval chat: a conversation in the terminal (/reset, /think on|off, /quit), one
+// answer to --prompt (only the answer on stdout), or each conversation of --data answered
+// at its last user turn (with --json, the share of answers that close their turn).
+int chat_command(const Args& a, minimind::EvalModel& m, bool thinking) {
+  using namespace minimind;
+  if (!m.tokenizer)
+    throw TokenizerError(
+        "chat needs a tokenizer: pass --tokenizer FILE (a .model or tokenizer.json)");
+  ChatSession chat(m.model, *m.tokenizer, a.gen);
+  chat.set_thinking(thinking);
+  auto print = [](const std::string& piece) { std::cout << piece << std::flush; };
+  if (!a.prompt.empty()) {
+    if (!is_valid_utf8(a.prompt))
+      throw DataError("--prompt is not valid UTF-8", "pass it in UTF-8");
+    const ChatReply r =
+        chat.say(a.prompt, a.json ? std::function<void(const std::string&)>() : print);
+    if (a.json)
+      std::cout << nlohmann::json{{"prompt", a.prompt},
+                                  {"text", r.text},
+                                  {"tokens", r.tokens},
+                                  {"ended", r.ended}}
+                       .dump()
+                << std::endl;
+    else
+      std::cout << std::endl;
+    return 0;
+  }
+  if (!a.data.empty()) {
+    // Each conversation up to its last user turn; what follows it (the reference answer) is
+    // left out.
+    nlohmann::json answers = nlohmann::json::array();
+    int64_t ended = 0, n = 0;
+    read_conversations(a.data, {}, [&](Conversation&& c, int64_t line) {
+      if (a.max_docs >= 0 && n >= a.max_docs) return;
+      size_t last = c.messages.size();
+      while (last > 0 && c.messages[last - 1].role != "user") --last;
+      if (last == 0) {
+        spdlog::warn("{}:{}: no user turn; conversation skipped", a.data, line);
+        return;
+      }
+      c.messages.resize(last);
+      const ChatReply r = chat.answer(c);
+      ++n, ended += r.ended;
+      answers.push_back(
+          {{"line", line}, {"text", r.text}, {"tokens", r.tokens}, {"ended", r.ended}});
+      if (!a.json) std::cout << a.data << ":" << line << ": " << r.text << "\n" << std::flush;
+    });
+    const double share = n > 0 ? static_cast<double>(ended) / static_cast<double>(n) : 0.0;
+    spdlog::info("{} of {} answers closed their turn (<|im_end|> within {} tokens): {:.1f} %",
+                 ended, n, a.gen.max_new_tokens, 100 * share);
+    if (a.json)
+      std::cout << nlohmann::json{{"conversations", n},
+                                  {"ended", ended},
+                                  {"ended_share", share},
+                                  {"max_new_tokens", a.gen.max_new_tokens},
+                                  {"answers", answers}}
+                       .dump()
+                << std::endl;
+    return 0;
+  }
+  const bool terminal = ::isatty(STDIN_FILENO) != 0;
+  if (terminal)
+    std::cerr << "chat with " << m.weights << " (" << chat.chat_template().name()
+              << " template): /reset starts again, /think on|off, /quit ends\n";
+  std::string line;
+  while (true) {
+    if (terminal) std::cerr << "> " << std::flush;
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/quit" || line == "/exit") break;
+    if (line == "/reset") {
+      chat.reset();
+      std::cerr << "(a new conversation)\n";
+      continue;
+    }
+    if (line == "/think on" || line == "/think off") {
+      chat.set_thinking(line == "/think on");
+      std::cerr << "(thinking " << (chat.thinking() ? "on" : "off") << ")\n";
+      continue;
+    }
+    if (line.empty()) continue;
+    if (line[0] == '/') {
+      std::cerr << "unknown command " << line << ": /reset, /think on|off, /quit\n";
+      continue;
+    }
+    if (!is_valid_utf8(line)) {
+      std::cerr << "not valid UTF-8; say it again\n";
+      continue;
+    }
+    try {
+      const ChatReply r = chat.say(line, print);
+      std::cout << (r.ended ? "\n" : " [cut at --max-new-tokens]\n") << std::flush;
+    } catch (const Error& e) {
+      std::cerr << "error: " << e.message() << (e.hint().empty() ? "" : "\nhint: " + e.hint())
+                << "\n";
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 // Whether the trainer that owns run_dir still runs: its PID is in RUN/.lock (written by the
@@ -505,8 +605,8 @@ int main(int argc, char** argv) {
   }
   // "minimind-eval PATH [options]" is "minimind-eval loss PATH [options]".
   std::vector<char*> args(argv, argv + argc);
-  static const std::set<std::string> subcommands = {"loss",    "generate", "inspect", "report",
-                                                    "compare", "analyze",  "tokenize"};
+  static const std::set<std::string> subcommands = {"loss",    "generate", "inspect",  "report",
+                                                    "compare", "analyze",  "tokenize", "chat"};
   static char loss_word[] = "loss";
   if (argc > 1 && argv[1][0] != '-' && !subcommands.count(argv[1]))
     args.insert(args.begin() + 1, loss_word);
@@ -559,24 +659,29 @@ int main(int argc, char** argv) {
                  "keep only the first data.max_seq_len tokens of each document, as MiniMind's "
                  "PretrainDataset does (default: every token, in windows)");
 
+  // Sampling, as MiniMind's generate() (generate and chat).
+  auto sampling_options = [&](CLI::App* sub) {
+    sub->add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
+        ->check(minimind_app::integer_in(0, int64_t{1} << 30));
+    // Below 0.01, or a penalty outside [0.01, 100], logits of ordinary size overflow float.
+    sub->add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
+        ->check(minimind_app::number_in(0.01, 100));
+    sub->add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
+        ->check(minimind_app::integer_in(0, int64_t{1} << 30));
+    sub->add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
+        ->check(minimind_app::number_in(0, 1));
+    sub->add_option("--repetition-penalty", a.gen.repetition_penalty,
+                    "MiniMind's penalty, 1 = off (default 1.0)")
+        ->check(minimind_app::number_in(0.01, 100));
+    sub->add_option("--seed", a.gen.seed, "sampling seed (default 42)")
+        ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
+    sub->add_flag("--greedy", a.gen.greedy, "always take the most likely token");
+  };
+
   CLI::App* gen = app.add_subcommand("generate", "continue a prompt, streaming the text");
   model_options(gen);
   gen->add_option("--prompt", a.prompt, "the text to continue (not empty)")->required();
-  gen->add_option("--max-new-tokens", a.gen.max_new_tokens, "tokens to generate (default 256)")
-      ->check(minimind_app::integer_in(0, int64_t{1} << 30));
-  // Below 0.01, or a penalty outside [0.01, 100], logits of ordinary size overflow float.
-  gen->add_option("--temperature", a.gen.temperature, "sampling temperature (default 0.85)")
-      ->check(minimind_app::number_in(0.01, 100));
-  gen->add_option("--top-k", a.gen.top_k, "keep the k most likely tokens, 0 = off (default 50)")
-      ->check(minimind_app::integer_in(0, int64_t{1} << 30));
-  gen->add_option("--top-p", a.gen.top_p, "nucleus sampling threshold, 1 = off (default 0.85)")
-      ->check(minimind_app::number_in(0, 1));
-  gen->add_option("--repetition-penalty", a.gen.repetition_penalty,
-                  "MiniMind's penalty, 1 = off (default 1.0)")
-      ->check(minimind_app::number_in(0.01, 100));
-  gen->add_option("--seed", a.gen.seed, "sampling seed (default 42)")
-      ->check(minimind_app::integer_in(0, std::numeric_limits<int64_t>::max()));
-  gen->add_flag("--greedy", a.gen.greedy, "always take the most likely token");
+  sampling_options(gen);
   gen->add_flag("--ignore-eos", ignore_eos,
                 "keep generating past the end-of-text token (for timing a fixed length)");
   gen->add_flag("--no-cache", no_cache,
@@ -584,6 +689,22 @@ int main(int argc, char** argv) {
   gen->add_flag("--json", a.json,
                 "print one JSON object instead of streaming: prompt, prompt_ids, ids, text, "
                 "stop");
+
+  CLI::App* chat = app.add_subcommand(
+      "chat", "talk to a fine-tuned model: a conversation in the terminal, or one answer");
+  model_options(chat);
+  sampling_options(chat);
+  bool think = false;
+  chat->add_option("--prompt", a.prompt, "say this once and print only the answer");
+  chat->add_option("--data", a.data,
+                   "chat JSONL: answer each conversation's last user turn (its reference answer "
+                   "left out)");
+  chat->add_option("--max-docs", a.max_docs, "--data: at most N conversations")
+      ->check(minimind_app::integer_in(1, std::numeric_limits<int64_t>::max()));
+  chat->add_flag("--think", think, "answers start inside a think block (/think on)");
+  chat->add_flag("--json", a.json,
+                 "one JSON object: --prompt's answer, or --data's answers and the share that "
+                 "closed their turn");
 
   CLI::App* inspect = app.add_subcommand("inspect", "a run's expert-load history in the terminal");
   inspect->add_option("RUN", a.path, "run directory")->required();
@@ -664,7 +785,10 @@ int main(int argc, char** argv) {
       throw Error(
           "--prompt is empty: give the text to continue (to evaluate the loss, use "
           "minimind-eval loss PATH)");
-    const bool need_tokenizer = gen->parsed() || !a.data.empty() || !a.data_list.empty();
+    if (chat->parsed() && !a.prompt.empty() && !a.data.empty())
+      throw Error("chat takes --prompt or --data, not both");
+    const bool need_tokenizer =
+        gen->parsed() || chat->parsed() || !a.data.empty() || !a.data_list.empty();
     EvalCompute how;
     how.run_settings = a.sets;
     if (!a.precision.empty()) how.run_settings.push_back("run.precision=" + a.precision);
@@ -677,6 +801,7 @@ int main(int argc, char** argv) {
     const int threads = plan.threads;
     if (analyze->parsed()) return analyze_command(a, m, threads);
     if (gen->parsed()) return generate_command(a, m);
+    if (chat->parsed()) return chat_command(a, m, think);
     return evaluate_command(a, m, plan);
   });
 }
