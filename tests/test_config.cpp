@@ -81,8 +81,9 @@ TEST(ConfigDefaults, DerivedIntermediateSizeMatchesMiniMind) {
 }
 
 TEST(ConfigPresets, ShippedConfigsLoadAndValidate) {
-  for (const char* name : {"moe.yaml", "dense.yaml", "minimind-3.yaml", "minimind-3-moe.yaml",
-                           "moe-switch.yaml", "moe-deepseek.yaml", "minimind2-moe.yaml"}) {
+  for (const char* name :
+       {"moe.yaml", "dense.yaml", "minimind-3.yaml", "minimind-3-moe.yaml", "moe-switch.yaml",
+        "moe-deepseek.yaml", "minimind2-moe.yaml", "sft.yaml"}) {
     SCOPED_TRACE(name);
     EXPECT_NO_THROW(load_config(shipped(name), {}));
   }
@@ -94,6 +95,10 @@ TEST(ConfigPresets, ShippedConfigsLoadAndValidate) {
   EXPECT_EQ(moe.config.model.hidden_size, dense.config.model.hidden_size);
   EXPECT_EQ(moe.config.model.num_hidden_layers, dense.config.model.num_hidden_layers);
   EXPECT_EQ(*moe.config.model.moe_intermediate_size, *dense.config.model.intermediate_size);
+  // sft.yaml fine-tunes the default run: moe.yaml's model, chat data.
+  LoadedConfig sft = load_config(shipped("sft.yaml"), {});
+  EXPECT_TRUE(config_differences(moe.config, sft.config, "model").empty());
+  EXPECT_EQ(sft.config.data.mode, "sft");
 }
 
 TEST(ConfigWarnings, Top1WithRenormalisationWarnsAboutIssue858) {
