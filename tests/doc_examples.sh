@@ -29,6 +29,7 @@ ln -s "$SRC/data" data
 mkdir -p minimind/model minimind/out minimind/dataset
 cp "$SRC"/tests/data/minimind-tokenizer/tokenizer*.json minimind/model/
 cp "$SRC/tests/data/tokenizer-corpus.jsonl" minimind/dataset/pretrain_hq.jsonl
+cp "$SRC/tests/data/chat-corpus.jsonl" minimind/dataset/sft_mini_512.jsonl
 /usr/bin/python3 "$SRC/tests/reference/check_minimind_checkpoint.py" make \
   "$SRC/configs/minimind-3-moe.yaml" minimind/out/pretrain_768_moe.pth 1
 # What Quick start's first command leaves: a trained runs/moe (shortened here).
