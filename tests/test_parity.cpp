@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "minimind/config.h"
+#include "minimind/data/sft.h"
 #include "minimind/data/token_file.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/model/balancing/global_aux_scope.h"
@@ -47,7 +48,8 @@ std::vector<std::string> parity_cases() {
       "dense_train",           "dense_eval",           "dense_untied_train",
       "moe_top1_norm_train",   "moe_top1_norm_eval",   "moe_top1_nonorm_train",
       "moe_top1_nonorm_eval",  "moe_top2_norm_train",  "moe_top2_norm_eval",
-      "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train"};
+      "moe_top2_nonorm_train", "moe_top2_nonorm_eval", "moe_top1_idle_expert_train",
+      "moe_sft_train"};
   std::ifstream in(test::source_path("configs/balancing-methods.txt"));
   for (std::string line; std::getline(in, line);) {
     std::istringstream fields(line.substr(0, line.find('#')));
@@ -131,6 +133,25 @@ TEST_P(Parity, MatchesReference) {
   const bool train = fx.at("mode").toStringRef() == "train";
   model->train(train);
   torch::Tensor ids = fx.at("input_ids").toTensor(), labels = fx.at("labels").toTensor();
+  if (fx.contains("sft") && fx.at("sft").toBool()) {
+    // Chat rows: our labels, by our rule with the markers of MiniMind's tokenizer, are the
+    // reference's (MiniMind's generate_labels); the loss and gradients below use ours.
+    const Tokenizer tok =
+        Tokenizer::from_file(test::source_path("tests/data/minimind-tokenizer/tokenizer.json"));
+    const SftEncoder enc(tok);
+    torch::Tensor ours = torch::empty_like(labels);  // [B, L]
+    for (int64_t r = 0; r < ids.size(0); ++r) {
+      const torch::Tensor row = ids[r].contiguous();
+      const std::vector<int64_t> l = sft_labels(
+          std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()),
+          enc.answer_open(), enc.answer_close(), row.numel());
+      ours[r] = torch::tensor(l);
+    }
+    ASSERT_TRUE(torch::equal(ours, labels)) << ours << "\nvs the reference's\n" << labels;
+    EXPECT_GT((labels != -100).sum().item<int64_t>(), 20);
+    EXPECT_NE(labels[1][-1].item<int64_t>(), -100) << "the cut answer is trained to the row's end";
+    labels = ours;
+  }
 
   ForwardOutput out;
   torch::manual_seed(kSeedForward);

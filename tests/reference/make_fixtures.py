@@ -49,6 +49,10 @@ CASES = {
     # Expert 3 is never picked: its parameters must still get a (zero) gradient.
     "moe_top1_idle_expert_train": (dict(MOE, num_experts_per_tok=1, norm_topk_prob=False),
                                    "train", "idle_expert"),
+    # Chat fine-tuning (train_full_sft.py): rows of conversations labelled by MiniMind's
+    # generate_labels; the vocabulary holds the ids of MiniMind's tokenizer that mark answers.
+    "moe_sft_train": (dict(MOE, vocab_size=1400, num_experts_per_tok=1, norm_topk_prob=True),
+                      "train", "sft"),
 }
 
 # The balancing lab: each method of configs/balancing-methods.txt at k = 1 and k = 2
@@ -132,6 +136,49 @@ def padded_batch(gen, vocab, seq_len, lengths):
     return ids, labels
 
 
+# MiniMind's tokenizer's ids of "<|im_start|>assistant\n", "<|im_end|>\n" and
+# "<|im_start|>user\n" (tests/test_parity.cpp takes the first two from the tokenizer itself).
+ANSWER_OPEN, ANSWER_CLOSE, USER_OPEN = [1, 1388, 570, 811, 234], [2, 234], [1, 832, 311, 234]
+
+
+def generate_labels(ids, max_len):
+    """MiniMind's SFTDataset.generate_labels: each answer, from after its header through its
+    closing pair (or the row's end), labelled with its own ids; the rest -100."""
+    labels = [-100] * len(ids)
+    i = 0
+    while i < len(ids):
+        if ids[i:i + len(ANSWER_OPEN)] == ANSWER_OPEN:
+            start = i + len(ANSWER_OPEN)
+            end = start
+            while end < len(ids):
+                if ids[end:end + len(ANSWER_CLOSE)] == ANSWER_CLOSE:
+                    break
+                end += 1
+            for j in range(start, min(end + len(ANSWER_CLOSE), max_len)):
+                labels[j] = ids[j]
+            i = end + len(ANSWER_CLOSE) if end < len(ids) else len(ids)
+        else:
+            i += 1
+    return labels
+
+
+def sft_batch(gen, vocab, seq_len):
+    """SFTDataset rows of made-up conversations (words drawn from ids >= 3, so none is a
+    marker): two turns that fit, one cut inside its answer, a short one; right-padded with 0."""
+    def words(n):
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+    turn = lambda q, a: USER_OPEN + words(q) + ANSWER_CLOSE + ANSWER_OPEN + words(a) + ANSWER_CLOSE
+    convs = [turn(5, 6) + turn(3, 4), USER_OPEN + words(8) + ANSWER_CLOSE + ANSWER_OPEN + words(60),
+             turn(2, 3)]
+    ids = torch.zeros(len(convs), seq_len, dtype=torch.long)
+    labels = torch.full((len(convs), seq_len), -100, dtype=torch.long)
+    for r, conv in enumerate(convs):
+        row = (conv + [0] * seq_len)[:seq_len]
+        ids[r] = torch.tensor(row)
+        labels[r] = torch.tensor(generate_labels(row, seq_len))
+    return ids, labels
+
+
 def make_idle_expert(model):
     # Logits of experts 0 and 1 are +-c*(u.x) and expert 3's is 0: one of the first two
     # always scores >= expert 3, so top-1 never picks it.
@@ -172,7 +219,10 @@ def run_case(name, keys, mode, special, out_dir):
     if special == "idle_expert":
         make_idle_expert(model)
     gen = torch.Generator().manual_seed(99)
-    ids, labels = padded_batch(gen, cfg.vocab_size, 20, [18, 10, 5])
+    if special == "sft":
+        ids, labels = sft_batch(gen, cfg.vocab_size, 40)
+    else:
+        ids, labels = padded_batch(gen, cfg.vocab_size, 20, [18, 10, 5])
 
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     torch.save(weights, os.path.join(out_dir, f"{name}.weights.pth"))
@@ -182,7 +232,7 @@ def run_case(name, keys, mode, special, out_dir):
 
     fixture = {"config_yaml": yaml.safe_dump({"model": keys, "data": {"max_seq_len": 32}}),
                "mode": mode,
-               "input_ids": ids, "labels": labels}
+               "input_ids": ids, "labels": labels, "sft": special == "sft"}
     micro = [(ids, labels)]
     if special == "lab":  # a second micro-batch for the accumulated steps
         ids2, labels2 = padded_batch(gen, cfg.vocab_size, 20, [16, 12, 7])
