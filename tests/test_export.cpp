@@ -107,6 +107,14 @@ std::vector<torch::Tensor> our_logprobs(EvalModel& m, const Case& c) {
   return out;
 }
 
+// The chat_template of MiniMind's tokenizer_config.json (tests/data).
+std::string minimind_chat_template() {
+  return nlohmann::json::parse(test::read_text(test::source_path(
+                                   "tests/data/minimind-tokenizer/tokenizer_config.json")))
+      .at("chat_template")
+      .get<std::string>();
+}
+
 // llama.cpp's answers for a GGUF file on the case's texts, sequences and prompt.
 nlohmann::json llama_cpp(const std::string& gguf, const Case& c, const std::string& work) {
   nlohmann::json cases = {{"texts", c.texts},
@@ -230,6 +238,12 @@ TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
     for (size_t i = 0; i < c.texts.size(); ++i)
       same += ll["tokens"][i].get<std::vector<int64_t>>() == c.text_ids[i];
     EXPECT_EQ(same, static_cast<int64_t>(c.texts.size())) << "texts tokenised as we do";
+    // MiniMind's tokenizer.json came with its chat template: the file carries it, under
+    // llama.cpp's key; our sentencepiece tokenizers have no template text to carry.
+    if (name == "mmtok")
+      EXPECT_EQ(ll["chat_template"], minimind_chat_template());
+    else
+      EXPECT_TRUE(ll["chat_template"].is_null());
     EvalModel m = load_eval_model(c.run, "", "", true);
     int64_t positions = 0;
     const double diff = max_logprob_diff(ll, our_logprobs(m, c), positions, c);
@@ -304,6 +318,13 @@ TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
       EXPECT_EQ(test::read_text(out + "/tokenizer.json"),
                 test::read_text(test::source_path("tests/data/minimind-tokenizer/tokenizer.json")));
     }
+    // The chat template a tokenizer.json came with, for apply_chat_template.
+    const nlohmann::json tok_config =
+        nlohmann::json::parse(test::read_text(out + "/tokenizer_config.json"));
+    if (copied)
+      EXPECT_EQ(tok_config.value("chat_template", ""), minimind_chat_template());
+    else
+      EXPECT_FALSE(tok_config.contains("chat_template"));
     const nlohmann::json config = nlohmann::json::parse(test::read_text(out + "/config.json"));
     EXPECT_EQ(config["architectures"][0],
               name == "dense" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");

@@ -5,7 +5,7 @@
 //                "tokens": N}}
 // Prints one JSON object: {"tokens": [[ids of each text]], "logprobs": [[per position of
 // each sequence: log p(next id)]], "top": [[per position: [id, logprob] of the 5 most
-// likely]], "greedy": [ids]}. Exact comparisons need flash attention off and an F32 KV
+// likely]], "greedy": [ids], "chat_template": the file's or null}. Exact comparisons need flash attention off and an F32 KV
 // cache (llama.cpp's defaults drift by ~2e-3 in the log-probabilities).
 import fs from "node:fs";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
@@ -22,7 +22,9 @@ const context = await model.createContext({
   flashAttention: false, experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32"});
 const sequence = context.getSequence();
 
-const out = {tokens: [], logprobs: [], top: [], greedy: []};
+// The chat template the file carries (tokenizer.chat_template), null when none.
+const chatTemplate = model.fileInfo.metadata?.tokenizer?.chat_template ?? null;
+const out = {tokens: [], logprobs: [], top: [], greedy: [], chat_template: chatTemplate};
 for (const text of cases.texts) out.tokens.push(Array.from(model.tokenize(text, false)));
 
 for (const ids of cases.sequences) {

@@ -88,6 +88,9 @@ class Tokenizer {
   // and eos pieces are the template's markers. TokenizerError naming the file when a
   // tokenizer.json has none, or one this tool does not render.
   ChatTemplate chat_template() const;
+  // The chat_template text a tokenizer.json came with ("" for none, and for a sentencepiece
+  // model, whose template the tool knows but has no text of): what exports carry.
+  const std::string& chat_template_text() const { return chat_template_; }
 
   // The ids of a text, no bos or eos added. The special tokens' texts in it are those tokens,
   // as Hugging Face's library and llama.cpp read them: "<|im_start|>" typed in a chat is the

@@ -92,6 +92,9 @@ void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe,
 void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   if (tok.byte_level_bpe()) {
     add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe(), tok.specials());
+    // The chat template it came with, under llama.cpp's key, for its chat.
+    if (!tok.chat_template_text().empty())
+      w.add_string("tokenizer.chat_template", tok.chat_template_text());
     return;
   }
   std::vector<std::string> tokens;
