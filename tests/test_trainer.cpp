@@ -129,6 +129,24 @@ TEST(Trainer, TwoFreshRunsOfOneConfigLogTheSameBits) {
   }
 }
 
+// The step losses of `cfg` trained into out_dir until its step `stop`, then resumed there to
+// the end, the two parts joined.
+std::vector<double> stopped_and_resumed(const Config& cfg, const std::string& out_dir,
+                                        int64_t stop) {
+  TrainOptions first_options;
+  first_options.out_dir = out_dir;
+  first_options.after_step = [stop](int64_t step, MiniMindForCausalLM&) { return step == stop; };
+  const TrainResult first = train(cfg, first_options);
+  EXPECT_EQ(first.step, stop);
+  TrainOptions resume;
+  resume.out_dir = out_dir;
+  resume.resume = true;
+  const TrainResult second = train(cfg, resume);
+  std::vector<double> joined = first.step_losses;
+  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
+  return joined;
+}
+
 TEST(Trainer, ResumeContinuesWithTheSameLossesAndLogs) {
   const std::string dir = temp_dir("resume");
   Config cfg = tiny_config(dir);
@@ -198,17 +216,7 @@ TEST(Trainer, ChatDataTrainsAndResumesBitForBit) {
   EXPECT_NE(read_checkpoint_state(dir + "/full/checkpoints/step_00000008")
                 .config_yaml.find("mode: \"sft\""),
             std::string::npos);
-  TrainOptions first_options;
-  first_options.out_dir = dir + "/split";
-  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
-  const TrainResult first = train(cfg, first_options);
-  TrainOptions resume;
-  resume.out_dir = dir + "/split";
-  resume.resume = true;
-  const TrainResult second = train(cfg, resume);
-  std::vector<double> joined = first.step_losses;
-  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
-  EXPECT_EQ(joined, full.step_losses);
+  EXPECT_EQ(stopped_and_resumed(cfg, dir + "/split", 3), full.step_losses);
 }
 
 // Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still
@@ -222,18 +230,7 @@ TEST(Trainer, ResumeInShardsContinuesWithTheSameLosses) {
   const TrainResult full = train(cfg, full_options);
   EXPECT_NE(read_text(dir + "/full/train.log").find("each micro-batch in 2 shards side by side"),
             std::string::npos);
-  TrainOptions first_options;
-  first_options.out_dir = dir + "/split";
-  first_options.after_step = [](int64_t step, MiniMindForCausalLM&) { return step == 3; };
-  const TrainResult first = train(cfg, first_options);
-  ASSERT_EQ(first.step, 3);
-  TrainOptions resume;
-  resume.out_dir = dir + "/split";
-  resume.resume = true;
-  const TrainResult second = train(cfg, resume);
-  std::vector<double> joined = first.step_losses;
-  joined.insert(joined.end(), second.step_losses.begin(), second.step_losses.end());
-  EXPECT_EQ(joined, full.step_losses);
+  EXPECT_EQ(stopped_and_resumed(cfg, dir + "/split", 3), full.step_losses);
 }
 
 TEST(Trainer, StopRequestSavesACheckpointAndStops) {
