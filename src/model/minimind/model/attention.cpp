@@ -57,18 +57,32 @@ torch::Tensor attention_probs(const torch::Tensor& scores, double dropout, bool 
                         training);
 }
 
+// Packed rows: -inf where a query's key lies before its document's start. Queries [t0, t0 + n)
+// of starts [B, T], keys [0, end), rows (position, head) as the scores' -> [B, 1, n*rep, end].
+torch::Tensor document_mask(const torch::Tensor& starts, int64_t t0, int64_t n, int64_t end,
+                            int64_t rep, const torch::TensorOptions& options) {
+  const torch::Tensor before = torch::arange(end, torch::kLong).view({1, 1, end}) <
+                               starts.narrow(1, t0, n).unsqueeze(2);  // [B, n, end]
+  return torch::zeros(before.sizes(), options)
+      .masked_fill_(before, -std::numeric_limits<double>::infinity())
+      .repeat_interleave(rep, 1)
+      .unsqueeze(1);  // [B, 1, n*rep, end]
+}
+
 }  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block, double dropout, bool training,
-                               const Products& products, NodeChoice node) {
+                               const Products& products, NodeChoice node,
+                               const torch::Tensor& starts) {
   const StepScope part(StepPart::attention);
   const int64_t B = q.size(0), T = q.size(1), heads = q.size(2), d = q.size(3);
   const int64_t kv = k.size(2), rep = heads / kv;  // query heads per kv head
   const double scale = std::sqrt(static_cast<double>(d));
   // Our node: one node for scores, mask, softmax and the product with v, taking q, k and v in
   // the model's layout. ATen's form below keeps PyTorch's numbers bit for bit on OpenBLAS.
-  if (runs_own_node(node, q)) return causal_attention_node(q, k, v, block, products.precision);
+  if (runs_own_node(node, q))
+    return causal_attention_node(q, k, v, block, products.precision, starts);
   // GQA without repeating k/v: the rep query heads of a kv head become rows of one matmul,
   // ordered (position, head), so a block of positions is a contiguous range of rows.
   const torch::Tensor qg = q.view({B, T, kv, rep, d})
@@ -91,6 +105,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                            scale;  // [B, kv, n*rep, end]
     torch::Tensor mask = diagonal_mask.narrow(0, 0, n * rep).narrow(1, 0, n);
     if (t0 > 0) mask = torch::cat({torch::zeros({n * rep, t0}, mask.options()), mask}, 1);
+    if (starts.defined()) mask = mask + document_mask(starts, t0, n, end, rep, mask.options());
     torch::Tensor probs = attention_probs(scores + mask, dropout, training);
     outs.push_back(batched_product(probs, vt.narrow(2, 0, end), products));  // [B, kv, n*rep, d]
   }
@@ -99,7 +114,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
-                                     LayerKVCache* cache) {
+                                     LayerKVCache* cache, const PackedRows* packed) {
+  TORCH_CHECK(!(packed && cache), "packed rows are for training and scoring, not generation");
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t past = cache ? cache->length() : 0;
   const int64_t rep = heads_ / kv_heads_;  // query heads per kv head
@@ -111,13 +127,22 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   torch::Tensor v =
       project(x, v_proj->weight, products_).view({B, T, kv_heads_, head_dim_});  // [B, T, kv, d]
 
-  torch::Tensor cos = rope.cos.narrow(0, past, T), sin = rope.sin.narrow(0, past, T);
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  if (packed) {
+    // Each position's rope row is its place in its document: the B rows as one of B*T.
+    q = apply_rotary(q.reshape({1, B * T, heads_, head_dim_}), packed->cos, packed->sin)
+            .view({B, T, heads_, head_dim_});
+    k = apply_rotary(k.reshape({1, B * T, kv_heads_, head_dim_}), packed->cos, packed->sin)
+            .view({B, T, kv_heads_, head_dim_});
+  } else {
+    torch::Tensor cos = rope.cos.narrow(0, past, T), sin = rope.sin.narrow(0, past, T);
+    q = apply_rotary(q, cos, sin);
+    k = apply_rotary(k, cos, sin);
+  }
   if (cache) std::tie(k, v) = cache->append(k, v);
   torch::Tensor out;  // [B, T, h*d]
   if (past == 0) {
-    out = causal_attention(q, k, v, kAttentionBlock, dropout_, is_training(), products_, node_);
+    out = causal_attention(q, k, v, kAttentionBlock, dropout_, is_training(), products_, node_,
+                           packed ? packed->starts : torch::Tensor());
   } else {
     // Queries after cached positions (generation): query i (absolute position past + i)
     // sees keys 0..past + i; a single query (a generated token) sees every key.

@@ -8,6 +8,7 @@
 
 #include "minimind/config.h"
 #include "minimind/model/node_choice.h"
+#include "minimind/model/packed_rows.h"
 #include "minimind/model/rms_norm.h"
 #include "minimind/model/rope.h"
 
@@ -39,16 +40,20 @@ inline NodeChoice attention_node(const Products& products, double dropout) {
 // scores above the diagonal blocks (future keys) are never computed; only the diagonal
 // blocks need a mask. block >= T is the whole masked square, as MiniMind computes it.
 // q: [B, T, heads, d], k and v: [B, T, kv_heads, d] -> [B, T, heads * d]. Products as
-// `products` say; where `node` takes our node, causal_attention_node.
+// `products` say; where `node` takes our node, causal_attention_node. starts [B, T] int64
+// (packed rows, packed_rows.h): a query also sees no key before its document's start.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t block, double dropout, bool training,
-                               const Products& products = {}, NodeChoice node = NodeChoice::aten);
+                               const Products& products = {}, NodeChoice node = NodeChoice::aten,
+                               const torch::Tensor& starts = {});
 
 // causal_attention's node in training whose products leave ATen, bf16 or fp32 on oneDNN
 // (attention_fused.cpp): q [B, T, h, d], k and v [B, T, kv, d], float32 -> [B, T, h * d]
-// float32.
+// float32. starts as causal_attention's: each document of a row is computed on its own, as a
+// shorter sequence (its keys only).
 torch::Tensor causal_attention_node(const torch::Tensor& q, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t block, Precision precision);
+                                    const torch::Tensor& v, int64_t block, Precision precision,
+                                    const torch::Tensor& starts = {});
 
 // Query block of causal_attention in training and evaluation (T = 256: 4 blocks, 10/16 of
 // the square computed).
@@ -60,9 +65,10 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const ModelConfig& cfg, const Products& products = {});
 
   // x: [B, T, H]. Positions start at cache->length() (0 without a cache); a given
-  // cache is extended with this call's keys and values.
+  // cache is extended with this call's keys and values. packed: rows of several documents
+  // (no cache then), each attended and positioned on its own.
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
-                        LayerKVCache* cache = nullptr);
+                        LayerKVCache* cache = nullptr, const PackedRows* packed = nullptr);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};

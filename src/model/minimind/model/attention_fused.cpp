@@ -302,24 +302,29 @@ struct Slices {
     for (int64_t t = t0; t < end; ++t)
       std::copy_n(src + (t - t0) * rep * d, rep * d, out + q_at(i, t));
   }
-  // to [B, T, kv, d] += src [keys, d] at slice i's first `keys` positions.
-  void add_kv_rows(int64_t i, int64_t keys, const float* src, float* to) const {
+  // to [B, T, kv, d] += src [keys, d] at slice i's positions [first, first + keys).
+  void add_kv_rows(int64_t i, int64_t first, int64_t keys, const float* src, float* to) const {
     for (int64_t t = 0; t < keys; ++t) {
-      float* row = to + kv_at(i, t);
+      float* row = to + kv_at(i, first + t);
       for (int64_t j = 0; j < d; ++j) row[j] += src[t * d + j];
     }
   }
 };
 
-// q [B, T, h, d], k and v [B, T, kv, d], float32 contiguous -> [B, T, h * d]. The softmax is
-// not kept: the backward forms each block's scores again (one more product of q and k, a
-// sixth of the node's products) and the softmax from each row's (max, 1 / sum), instead of
-// writing [n, M, T] floats and their rounded copy to memory and reading them back (their
-// traffic took longer than the product).
+// Row b's document starts in starts [B, T] (empty: one document a row).
+const int64_t* row_starts(const torch::Tensor& starts, int64_t b, int64_t T) {
+  return starts.numel() > 0 ? starts.data_ptr<int64_t>() + b * T : nullptr;
+}
+
+// q [B, T, h, d], k and v [B, T, kv, d], float32 contiguous -> [B, T, h * d]; starts [B, T]
+// int64 or empty (packed_rows.h). The softmax is not kept: the backward forms each
+// block's scores again (one more product of q and k, a sixth of the node's products) and the
+// softmax from each row's (max, 1 / sum), instead of writing [n, M, T] floats and their
+// rounded copy to memory and reading them back (their traffic took longer than the product).
 template <typename E>
 struct CausalAttentionFused : torch::autograd::Function<CausalAttentionFused<E>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block) {
+                               const torch::Tensor& v, int64_t block, const torch::Tensor& starts) {
     const int64_t B = q.size(0), T = q.size(1), h = q.size(2), d = q.size(3), kv = k.size(2);
     const Slices sl{B, T, kv, h / kv, d};
     const int64_t rep = sl.rep, n = B * kv, M = T * rep;
@@ -341,18 +346,25 @@ struct CausalAttentionFused : torch::autograd::Function<CausalAttentionFused<E>>
       float* s = b.s.get(block * rep * T);             // [rows, end]
       E* sb = operand_rows(s, b.sb, block * rep * T);  // [rows, end]
       float* o = b.rows.get(block * rep * d);          // [rows, d]
-      for (int64_t t0 = 0; t0 < T; t0 += block) {
-        const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
-        gemm_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);  // q @ k^T
-        softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
-        gemm_rows('N', 'N', rows, d, end, sb, end, v_i, d, o, d);
-        sl.put_q_rows(i, t0, end, o, out.data_ptr<float>());
+      // Each document of the row as a sequence of its own: rows and keys from its start a.
+      for (const DocumentSpan& doc : row_documents(row_starts(starts, i / kv, T), T)) {
+        const int64_t a = doc.start, L = doc.length;
+        const E *qa = q_i + a * rep * d, *ka = k_i + a * d, *va = v_i + a * d;
+        float* sta = st_i + a * rep * 2;
+        for (int64_t t0 = 0; t0 < L; t0 += block) {
+          const int64_t end = std::min(L, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
+          gemm_rows('N', 'T', rows, end, d, qa + r0 * d, d, ka, d, s, end);  // q @ k^T
+          softmax_rows(s, sb, end, r0, r0 + rows, rep, end, scale, sta + r0 * 2);
+          gemm_rows('N', 'N', rows, d, end, sb, end, va, d, o, d);
+          sl.put_q_rows(i, a + t0, a + end, o, out.data_ptr<float>());
+        }
       }
     });
     ctx->save_for_backward({qb, kb, vb, stats});
     ctx->saved_data["B"] = B;
     ctx->saved_data["rep"] = rep;
     ctx->saved_data["block"] = block;
+    ctx->saved_data["starts"] = starts;
     return out;
   }
 
@@ -362,6 +374,7 @@ struct CausalAttentionFused : torch::autograd::Function<CausalAttentionFused<E>>
     const torch::Tensor &qb = saved[0], &kb = saved[1], &vb = saved[2], &stats = saved[3];
     const int64_t B = ctx->saved_data["B"].toInt(), rep = ctx->saved_data["rep"].toInt(),
                   block = ctx->saved_data["block"].toInt();
+    const torch::Tensor starts = ctx->saved_data["starts"].toTensor();
     const int64_t n = qb.size(0), M = qb.size(1), d = qb.size(2), T = kb.size(1), kv = n / B;
     const Slices sl{B, T, kv, rep, d};
     const torch::Tensor go = grad_out[0].contiguous();  // [B, T, h * d]
@@ -382,33 +395,43 @@ struct CausalAttentionFused : torch::autograd::Function<CausalAttentionFused<E>>
       E* dsb = operand_rows(dp, b.dsb, block * rep * T);  // [rows, end]
       E* go_i = b.go.get(M * d);                          // [M, d] the slice's rows
       sl.q_rows(i, go.data_ptr<float>(), go_i);
-      for (int64_t t0 = 0; t0 < T; t0 += block) {
-        const int64_t end = std::min(T, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
-        // s = q @ k^T again, dp = go @ v^T; then p, pb and ds.
-        gemm_rows('N', 'T', rows, end, d, q_i + r0 * d, d, k_i, d, s, end);
-        gemm_rows('N', 'T', rows, end, d, go_i + r0 * d, d, v_i, d, dp, end);
-        softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, st_i + r0 * 2);
-        // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q.
-        gemm_rows('T', 'N', end, d, rows, pb, end, go_i + r0 * d, d, part, d);
-        sl.add_kv_rows(i, end, part, gv.data_ptr<float>());
-        gemm_rows('N', 'N', rows, d, end, dsb, end, k_i, d, dq, d);
-        sl.put_q_rows(i, t0, end, dq, gq.data_ptr<float>());
-        gemm_rows('T', 'N', end, d, rows, dsb, end, q_i + r0 * d, d, part, d);
-        sl.add_kv_rows(i, end, part, gk.data_ptr<float>());
+      for (const DocumentSpan& doc : row_documents(row_starts(starts, i / kv, T), T)) {
+        const int64_t a = doc.start, L = doc.length;
+        const E *qa = q_i + a * rep * d, *ka = k_i + a * d, *va = v_i + a * d,
+                *goa = go_i + a * rep * d;
+        const float* sta = st_i + a * rep * 2;
+        for (int64_t t0 = 0; t0 < L; t0 += block) {
+          const int64_t end = std::min(L, t0 + block), r0 = t0 * rep, rows = (end - t0) * rep;
+          // s = q @ k^T again, dp = go @ v^T; then p, pb and ds.
+          gemm_rows('N', 'T', rows, end, d, qa + r0 * d, d, ka, d, s, end);
+          gemm_rows('N', 'T', rows, end, d, goa + r0 * d, d, va, d, dp, end);
+          softmax_backward_rows(s, pb, dp, dsb, end, r0, r0 + rows, rep, end, scale, sta + r0 * 2);
+          // gv[:end] += pb^T @ go; gq = ds @ k; gk[:end] += ds^T @ q (the document's keys).
+          gemm_rows('T', 'N', end, d, rows, pb, end, goa + r0 * d, d, part, d);
+          sl.add_kv_rows(i, a, end, part, gv.data_ptr<float>());
+          gemm_rows('N', 'N', rows, d, end, dsb, end, ka, d, dq, d);
+          sl.put_q_rows(i, a + t0, a + end, dq, gq.data_ptr<float>());
+          gemm_rows('T', 'N', end, d, rows, dsb, end, qa + r0 * d, d, part, d);
+          sl.add_kv_rows(i, a, end, part, gk.data_ptr<float>());
+        }
       }
     });
-    return {gq, gk, gv, torch::Tensor()};
+    return {gq, gk, gv, torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor causal_attention_node(const torch::Tensor& q, const torch::Tensor& k,
-                                    const torch::Tensor& v, int64_t block, Precision precision) {
+                                    const torch::Tensor& v, int64_t block, Precision precision,
+                                    const torch::Tensor& starts) {
+  // An autograd function's tensor arguments must be defined: no starts is an empty one.
+  const torch::Tensor s = starts.defined() ? starts.contiguous() : torch::empty({0}, torch::kLong);
   if (precision == Precision::bf16)
     return CausalAttentionFused<uint16_t>::apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                 block);
-  return CausalAttentionFused<float>::apply(q.contiguous(), k.contiguous(), v.contiguous(), block);
+                                                 block, s);
+  return CausalAttentionFused<float>::apply(q.contiguous(), k.contiguous(), v.contiguous(), block,
+                                            s);
 }
 
 }  // namespace minimind

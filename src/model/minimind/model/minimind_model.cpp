@@ -1,6 +1,7 @@
 #include "minimind/model/minimind_model.h"
 
 #include <map>
+#include <optional>
 
 #include "minimind/model/linear.h"
 #include "minimind/model/next_token_loss.h"
@@ -26,10 +27,12 @@ MiniMindBlockImpl::MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer,
 
 BlockOutput MiniMindBlockImpl::forward(const Residual& in, const RotaryTables& rope,
                                        LayerKVCache* cache, const torch::Tensor& real,
-                                       const torch::Tensor& token_ids, const BatchShard* shard) {
+                                       const torch::Tensor& token_ids, const BatchShard* shard,
+                                       const PackedRows* packed) {
   const AddNormed x = input_layernorm->forward_add(in.x, in.delta, in.delta_from_products);
-  const AddNormed h = post_attention_layernorm->forward_add(x.sum, self_attn(x.normed, rope, cache),
-                                                            /*grad_copy=*/true);  // [B, T, H] each
+  const AddNormed h =
+      post_attention_layernorm->forward_add(x.sum, self_attn(x.normed, rope, cache, packed),
+                                            /*grad_copy=*/true);  // [B, T, H] each
   if (moe_mlp) {
     // Generation (a KV cache) reads only the logits: no router statistics.
     MoEOutput moe = moe_mlp(h.normed, real, token_ids, /*stats=*/cache == nullptr, shard);
@@ -88,6 +91,12 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
               past + input_ids.size(1), " positions exceeds max_position_embeddings (",
               model->rope.cos.size(0), ")");
   if (cache) cache->resize(model->blocks.size());
+  std::optional<PackedRows> packed;
+  if (o.starts.defined()) {
+    TORCH_CHECK(o.starts.sizes() == input_ids.sizes(), "starts must be shaped as input_ids ",
+                input_ids.sizes(), ", got ", o.starts.sizes());
+    packed = packed_rows(o.starts, model->rope);
+  }
 
   ForwardOutput out;
   // Padding (id 0, never produced by the tokenizer for text) is left out of load counts.
@@ -103,7 +112,7 @@ ForwardOutput MiniMindForCausalLMImpl::forward(const torch::Tensor& input_ids,
   Residual stream{h, {}, false};
   for (size_t i = 0; i < model->blocks.size(); ++i) {
     BlockOutput b = model->blocks[i](stream, model->rope, cache ? &(*cache)[i] : nullptr, real,
-                                     token_ids, o.shard);
+                                     token_ids, o.shard, packed ? &*packed : nullptr);
     stream = std::move(b.out);
     if (!b.moe.aux_loss.defined()) continue;  // dense block
     out.aux_loss = out.aux_loss.defined() ? out.aux_loss + b.moe.aux_loss : b.moe.aux_loss;

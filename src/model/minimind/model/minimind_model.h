@@ -37,9 +37,10 @@ class MiniMindBlockImpl : public torch::nn::Module {
   MiniMindBlockImpl(const ModelConfig& cfg, int64_t layer, const Products& products = {});
   // real: [B*T] bool, false at padding (only used for the MoE load counts); token_ids:
   // [B*T] (only read by the hash router).
+  // packed: rows of several documents (packed_rows.h).
   BlockOutput forward(const Residual& in, const RotaryTables& rope, LayerKVCache* cache,
                       const torch::Tensor& real = {}, const torch::Tensor& token_ids = {},
-                      const BatchShard* shard = nullptr);
+                      const BatchShard* shard = nullptr, const PackedRows* packed = nullptr);
 
   Attention self_attn{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -77,6 +78,10 @@ struct ForwardOptions {
   // The inputs are some rows of a micro-batch trained in shards side by side (batch_shard.h):
   // the losses are this shard's part of the micro-batch's (they add up over the shards).
   const BatchShard* shard = nullptr;
+  // [B, T] int64: rows holding several documents (packed chat rows): for each position, where
+  // its document starts in the row. Each document is attended and positioned on its own
+  // (packed_rows.h). Undefined: one sequence a row.
+  torch::Tensor starts;
 };
 
 struct ForwardOutput {
