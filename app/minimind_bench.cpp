@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
       return optimizer_step(
           model, *opt,
           [&] {
-            return Batch{ids, ids};
+            return Batch{ids, ids, {}};
           },
           so);
     };

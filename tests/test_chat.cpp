@@ -346,6 +346,76 @@ TEST(ChatRows, DrawTheAugmentationsAtTheirRates) {
   EXPECT_FALSE(torch::equal(other.batch(3).input_ids, sampler.batch(3).input_ids));
 }
 
+// Packing by hand: each length to the first open row with room, the oldest of two open rows
+// closed when none has.
+TEST(PackRows, FirstFitOverTheOpenRows) {
+  const RowPacking p = pack_rows({5, 3, 4, 2, 6, 1}, 8, 2);
+  EXPECT_EQ(p.first, (std::vector<uint32_t>{0, 2, 5, 6}));
+  EXPECT_EQ(p.items, (std::vector<uint32_t>{0, 1, 2, 3, 5, 4}));
+  EXPECT_EQ(p.rows(), 3);
+}
+
+// Packed chat rows hold the padded rows' conversations: over three epochs, the packed rows'
+// conversations in row order are each epoch's conversations once, each with the ids and
+// labels of its padded row (the same draws), positions attended from its own start; rows
+// hold no more than max_seq_len ids, and a batch is a pure function of its index.
+TEST(ChatRows, PackedRowsHoldThePaddedRowsConversations) {
+  const ChatData data("");
+  const int64_t N = static_cast<int64_t>(data.conversations.size()), L = 160;
+  SftRowsOptions o;  // MiniMind's augmentations, drawn alike in both
+  const BatchSampler padded(data.tokens, "sft", N, L, 5, 0, 1, data.index, o);
+  o.packing = true;
+  const BatchSampler packed(data.tokens, "sft", 3, L, 5, 0, 1, data.index, o);
+  const int32_t pad = data.tokens.pad_id();
+  int64_t batch = 0, real = 0, positions = 0;
+  std::vector<std::multiset<std::vector<int64_t>>> got(3);
+  for (int64_t seen = 0; seen < 3 * N; ++batch) {
+    const Batch b = packed.batch(batch);
+    ASSERT_TRUE(b.starts.defined());
+    for (int64_t r = 0; r < b.input_ids.size(0); ++r) {
+      const std::vector<int64_t> ids = row_of(b, r);
+      const auto labels = b.labels[r].contiguous(), starts = b.starts[r].contiguous();
+      const int64_t* lab = labels.data_ptr<int64_t>();
+      const int64_t* st = starts.data_ptr<int64_t>();
+      for (int64_t t = 0; t < L; ++t) {
+        if (st[t] != t || ids[static_cast<size_t>(t)] == pad)
+          continue;  // not a conversation's start
+        int64_t end = t + 1;
+        while (end < L && st[end] == t) ++end;
+        EXPECT_EQ(lab[t], -100) << "a conversation's first id is no target";
+        std::vector<int64_t> conv(ids.begin() + t, ids.begin() + end);
+        conv.insert(conv.end(), lab + t + 1, lab + end);  // ids, then the labels after the first
+        if (seen < 3 * N) got[static_cast<size_t>(seen / N)].insert(conv);
+        ++seen;
+        real += end - t;
+      }
+      positions += L;
+    }
+  }
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    const Batch b = padded.batch(epoch);  // N rows: the epoch
+    std::multiset<std::vector<int64_t>> want;
+    for (int64_t r = 0; r < N; ++r) {
+      const std::vector<int64_t> ids = row_of(b, r);
+      const int64_t n = std::find(ids.begin(), ids.end(), pad) - ids.begin();
+      std::vector<int64_t> conv(ids.begin(), ids.begin() + n);
+      const torch::Tensor lab = b.labels[r].contiguous();
+      conv.insert(conv.end(), lab.data_ptr<int64_t>() + 1, lab.data_ptr<int64_t>() + n);
+      want.insert(conv);
+    }
+    EXPECT_EQ(got[static_cast<size_t>(epoch)], want) << "epoch " << epoch;
+  }
+  // 21 conversations of 50-150 ids in rows of 160: most of a row is conversation.
+  EXPECT_GT(static_cast<double>(real) / static_cast<double>(positions), 0.75);
+  const BatchSampler fresh(data.tokens, "sft", 3, L, 5, 0, 1, data.index, o);
+  for (int64_t i : {batch - 1, int64_t{0}}) {
+    const Batch x = fresh.batch(i), y = packed.batch(i);
+    EXPECT_TRUE(torch::equal(x.input_ids, y.input_ids) && torch::equal(x.labels, y.labels) &&
+                torch::equal(x.starts, y.starts))
+        << "batch " << i;
+  }
+}
+
 // The chat loss of a model (evaluate_chat, what training's evaluations and minimind-eval
 // report) against the loss formed here from tokenize --chat's rows: cross-entropy of each
 // answer token given the ones before, summed over every labelled target of every

@@ -196,6 +196,8 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
   expect_error("model:\n  hidden_act: gelu\n", {"model.hidden_act", "silu"});
   expect_error("model:\n  router_aux_loss_coef: -1\n", {"model.router_aux_loss_coef", ">= 0"});
   expect_error("data:\n  mode: stream\n", {"data.mode", "line 2", "pack"});
+  expect_error("data:\n  mode: pad\n  sft_packing: true\n",
+               {"data.sft_packing", "line 3", "data.mode sft", "\"pad\""});
   expect_error("data:\n  max_seq_len: 70000\n", {"data.max_seq_len", "max_position_embeddings"});
   // pack rows are max_seq_len + 1 long; pad rows max_seq_len.
   expect_error("model:\n  max_position_embeddings: 64\ndata:\n  max_seq_len: 64\n",

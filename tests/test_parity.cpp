@@ -250,9 +250,9 @@ TEST_P(Parity, MatchesReference) {
     double d_steps = 0, d_router_grad = 0, router_grad_lm = -1, router_grad_bal = -1;
     clear_gradients(params);  // the gradient check above left its gradients
     // Lab cases: two micro-batches per step (accumulation 2), as the reference.
-    std::vector<Batch> micro{{ids, labels}};
+    std::vector<Batch> micro{{ids, labels, {}}};
     if (fx.contains("input_ids2"))
-      micro.push_back({fx.at("input_ids2").toTensor(), fx.at("labels2").toTensor()});
+      micro.push_back({fx.at("input_ids2").toTensor(), fx.at("labels2").toTensor(), {}});
     size_t next = 0;
     torch::manual_seed(kSeedForward);
     for (int64_t s = 0; s < ref_losses.size(0); ++s) {

@@ -105,7 +105,7 @@ std::function<void()> two_layer_step(const std::string& preset, int64_t T,
     optimizer_step(
         model, *opt,
         [&] {
-          return Batch{ids, ids};
+          return Batch{ids, ids, {}};
         },
         so);
   };

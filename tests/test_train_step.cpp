@@ -325,7 +325,7 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
     int64_t next = 0;
     auto batches = [&] {  // two micro-batches of 5 rows per step
       const int64_t r = next++ % 2 * 5;
-      return Batch{rows.narrow(0, r, 5), labels.narrow(0, r, 5)};
+      return Batch{rows.narrow(0, r, 5), labels.narrow(0, r, 5), {}};
     };
     std::vector<StepStats> stats;
     for (int step = 0; step < 3; ++step) {
@@ -398,7 +398,7 @@ TEST(ShardedMicroBatch, RepeatableAndCloseToTheWholeMicroBatch) {
   EXPECT_ANY_THROW(optimizer_step(
       model, *opt,
       [&] {
-        return Batch{bad, bad};
+        return Batch{bad, bad, {}};
       },
       two_shards));
 }
@@ -426,7 +426,7 @@ TEST(ShardedMicroBatch, RoutingMarginCountsTheWholeMicroBatchsRealTokens) {
     const StepStats s = optimizer_step(
         model, *opt,
         [&] {
-          return Batch{rows, labels};
+          return Batch{rows, labels, {}};
         },
         so);
     std::vector<std::pair<double, double>> out;
@@ -551,7 +551,7 @@ TEST(GradientAccumulation, EightByOneEqualsFourByTwo) {
     auto batches = [&] {
       torch::Tensor b = rows.narrow(0, next, batch);
       next += batch;
-      return Batch{b, b};
+      return Batch{b, b, {}};
     };
     if (step) {
       StepOptions so;

@@ -158,6 +158,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(data, mode),
       MM_FIELD(data, add_system_ratio),
       MM_FIELD(data, empty_think_ratio),
+      MM_FIELD(data, sft_packing),
       MM_FIELD(data, cache_dir),
       MM_FIELD(data, strict),
       MM_FIELD(train, batch_size),
@@ -437,6 +438,9 @@ void validate_data(const Checker& c, const Config& cfg) {
     c.fail("data.mode", "must be \"pack\", \"pad\" or \"sft\", got \"" + d.mode + "\"");
   c.in_range("data.add_system_ratio", d.add_system_ratio, 0.0, 1.0, false);
   c.in_range("data.empty_think_ratio", d.empty_think_ratio, 0.0, 1.0, false);
+  if (d.sft_packing && d.mode != "sft")
+    c.fail("data.sft_packing",
+           "packs chat conversations: it needs data.mode sft, got \"" + d.mode + "\"");
   // pack rows hold max_seq_len + 1 tokens (max_seq_len predictions).
   if (d.mode == "pack" && d.max_seq_len + 1 > cfg.model.max_position_embeddings)
     c.fail("data.max_seq_len",

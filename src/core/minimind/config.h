@@ -136,6 +136,9 @@ struct DataConfig {
   // and the share that keep their empty think blocks (the others lose them).
   double add_system_ratio = 0.2;
   double empty_think_ratio = 0.2;
+  // sft: conversations side by side in each row, each attending only to itself with its
+  // positions from 0 (the loss of the same conversations padded; docs/fine-tuning.md).
+  bool sft_packing = false;
   std::string cache_dir = "cache";  // prepared tokenizers and token files
   bool strict = false;              // bad corpus lines are errors instead of skipped records
 };

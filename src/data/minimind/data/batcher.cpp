@@ -1,6 +1,7 @@
 #include "minimind/data/batcher.h"
 
 #include <algorithm>
+#include <deque>
 
 namespace minimind {
 
@@ -26,7 +27,7 @@ BatchSampler::BatchSampler(const TokenFile& tokens, std::string mode, int64_t ba
               std::to_string(sft_->may_add_system.size()) + " conversations, the file " +
               std::to_string(units()),
           "delete the cache directory's tokens/ folder: the next run prepares it again");
-    if (units() < static_cast<uint64_t>(batch_size_))
+    if (!sft_rows_.packing && units() < static_cast<uint64_t>(batch_size_))
       throw DataError("corpus '" + tokens_.path() +
                       "' is too small for one batch: " + std::to_string(units()) +
                       " conversations, train.batch_size is " + std::to_string(batch_size_));
@@ -49,9 +50,10 @@ BatchSampler::BatchSampler(const TokenFile& tokens, std::string mode, int64_t ba
 
 Batch BatchSampler::batch(int64_t index) const {
   const int64_t global = index * world_size_ + rank_;
-  return mode_ == "pack"  ? pack_batch(global)
-         : mode_ == "pad" ? pad_batch(global)
-                          : sft_batch(global);
+  return mode_ == "pack"     ? pack_batch(global)
+         : mode_ == "pad"    ? pad_batch(global)
+         : sft_rows_.packing ? packed_sft_batch(global)
+                             : sft_batch(global);
 }
 
 Batch BatchSampler::pack_batch(int64_t global_batch) const {
@@ -64,7 +66,7 @@ Batch BatchSampler::pack_batch(int64_t global_batch) const {
     const uint64_t start = mix64(seed_ ^ mix64(row)) % starts;
     tokens_.copy(start, static_cast<uint64_t>(L), out + r * L);
   }
-  return {ids, ids.clone()};
+  return {ids, ids.clone(), {}};
 }
 
 const std::vector<uint32_t>& BatchSampler::epoch_order(int64_t epoch) const {
@@ -109,7 +111,7 @@ Batch BatchSampler::pad_batch(int64_t global_batch) const {
     fill_pad_row(tokens_, doc, L, ids.data_ptr<int64_t>() + r * L,
                  labels.data_ptr<int64_t>() + r * L);
   }
-  return {ids, labels};
+  return {ids, labels, {}};
 }
 
 Batch BatchSampler::sft_batch(int64_t global_batch) const {
@@ -120,13 +122,94 @@ Batch BatchSampler::sft_batch(int64_t global_batch) const {
   for (int64_t r = 0; r < batch_size_; ++r) {
     const uint64_t row = static_cast<uint64_t>(global_batch * batch_size_ + r);
     const uint64_t epoch = row / N, conv = epoch_order(static_cast<int64_t>(epoch))[row % N];
-    // The conversation's augmentations in this epoch: a draw of its own, as MiniMind draws
-    // them anew each time a row is made.
-    const uint64_t draw = mix64(seed_ ^ mix64(epoch * N + conv) ^ 0x5f7a11ULL);
-    fill_sft_row(tokens_, *sft_, conv, draw, sft_rows_, ids.data_ptr<int64_t>() + r * L,
-                 labels.data_ptr<int64_t>() + r * L);
+    fill_sft_row(tokens_, *sft_, conv, sft_draw(epoch, conv), sft_rows_,
+                 ids.data_ptr<int64_t>() + r * L, labels.data_ptr<int64_t>() + r * L);
   }
-  return {ids, labels};
+  return {ids, labels, {}};
+}
+
+uint64_t BatchSampler::sft_draw(uint64_t epoch, uint64_t conv) const {
+  return mix64(seed_ ^ mix64(epoch * units() + conv) ^ 0x5f7a11ULL);
+}
+
+RowPacking pack_rows(const std::vector<int64_t>& lengths, int64_t row_len, int64_t open) {
+  struct Open {
+    int64_t used = 0;
+    std::vector<uint32_t> items;
+  };
+  RowPacking out;
+  std::deque<Open> rows;
+  const auto close_oldest = [&] {
+    out.items.insert(out.items.end(), rows.front().items.begin(), rows.front().items.end());
+    out.first.push_back(static_cast<uint32_t>(out.items.size()));
+    rows.pop_front();
+  };
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t n = lengths[i];
+    auto it = std::find_if(rows.begin(), rows.end(),
+                           [&](const Open& r) { return r.used + n <= row_len; });
+    if (it == rows.end()) {
+      if (static_cast<int64_t>(rows.size()) == open) close_oldest();
+      it = rows.insert(rows.end(), Open{});
+    }
+    it->used += n;
+    it->items.push_back(static_cast<uint32_t>(i));
+  }
+  while (!rows.empty()) close_oldest();
+  return out;
+}
+
+const RowPacking& BatchSampler::packed_epoch(int64_t epoch) const {
+  auto it = packings_.find(epoch);
+  if (it != packings_.end()) return it->second;
+  if (packings_.size() > 2) packings_.erase(packings_.begin());  // only recent epochs are needed
+  const std::vector<uint32_t>& order = epoch_order(epoch);
+  std::vector<int64_t> lengths(order.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    lengths[i] = sft_row_length(tokens_, *sft_, order[i],
+                                sft_draw(static_cast<uint64_t>(epoch), order[i]), sft_rows_);
+  return packings_.emplace(epoch, pack_rows(lengths, max_seq_len_)).first->second;
+}
+
+std::pair<int64_t, int64_t> BatchSampler::packed_row_at(int64_t row) const {
+  for (int64_t epoch = 0;; ++epoch) {
+    if (static_cast<size_t>(epoch) == epoch_rows_.size())
+      epoch_rows_.push_back(packed_epoch(epoch).rows());
+    if (row < epoch_rows_[static_cast<size_t>(epoch)]) return {epoch, row};
+    row -= epoch_rows_[static_cast<size_t>(epoch)];
+  }
+}
+
+Batch BatchSampler::packed_sft_batch(int64_t global_batch) const {
+  const int64_t L = max_seq_len_;
+  torch::Tensor ids = torch::empty({batch_size_, L}, torch::kLong);     // [B, T]
+  torch::Tensor labels = torch::empty({batch_size_, L}, torch::kLong);  // [B, T]
+  torch::Tensor starts = torch::empty({batch_size_, L}, torch::kLong);  // [B, T]
+  std::vector<int64_t> conv_ids(static_cast<size_t>(L)), conv_labels(static_cast<size_t>(L));
+  for (int64_t r = 0; r < batch_size_; ++r) {
+    const auto [epoch, at] = packed_row_at(global_batch * batch_size_ + r);
+    const RowPacking& rows = packed_epoch(epoch);
+    const std::vector<uint32_t>& order = epoch_order(epoch);
+    int64_t *row_ids = ids.data_ptr<int64_t>() + r * L,
+            *row_labels = labels.data_ptr<int64_t>() + r * L,
+            *row_starts = starts.data_ptr<int64_t>() + r * L;
+    int64_t used = 0;
+    for (uint32_t k = rows.first[at]; k < rows.first[at + 1]; ++k) {
+      const uint64_t conv = order[rows.items[k]];
+      const int64_t n = fill_sft_row(tokens_, *sft_, conv, sft_draw(epoch, conv), sft_rows_,
+                                     conv_ids.data(), conv_labels.data());
+      std::copy_n(conv_ids.data(), n, row_ids + used);
+      std::copy_n(conv_labels.data(), n, row_labels + used);
+      row_labels[used] = -100;  // the previous conversation's last position does not predict it
+      std::fill_n(row_starts + used, n, used);
+      used += n;
+    }
+    // The tail: padding, one more document.
+    std::fill(row_ids + used, row_ids + L, tokens_.pad_id());
+    std::fill(row_labels + used, row_labels + L, -100);
+    std::fill(row_starts + used, row_starts + L, used);
+  }
+  return {ids, labels, starts};
 }
 
 }  // namespace minimind

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "minimind/data/sft.h"
@@ -18,7 +19,23 @@ namespace minimind {
 struct Batch {
   torch::Tensor input_ids;  // [B, L] int64
   torch::Tensor labels;     // [B, L] int64, -100 where no loss is taken (the model shifts)
+  // [B, L] int64 in packed chat rows: where each position's conversation starts in its row
+  // (ForwardOptions::starts); undefined otherwise.
+  torch::Tensor starts;
 };
+
+// Rows of conversations packed side by side: rows [first[r], first[r + 1]) of `items` are
+// row r's conversations (indices into the lengths given), in order.
+struct RowPacking {
+  std::vector<uint32_t> first{0}, items;
+  int64_t rows() const { return static_cast<int64_t>(first.size()) - 1; }
+};
+
+// Conversations of these lengths (each <= row_len), in this order, into rows of row_len:
+// each goes to the first of the `open` newest rows with room for it; when none has, the
+// oldest open row is closed (rows come out in the order they close) and a new one opened.
+// Every conversation lands in exactly one row; the order within a row is the given order.
+RowPacking pack_rows(const std::vector<int64_t>& lengths, int64_t row_len, int64_t open = 8);
 
 // MiniMind's PretrainDataset row for document `doc` (stored as [bos] body [eos]):
 // bos + body[:L - 2] + eos, right-padded with 0 to L; labels = ids, -100 on padding.
@@ -37,6 +54,9 @@ class BatchSampler {
   // mode "sft": MiniMind's SFTDataset: one conversation per row, in a shuffled order per
   //   epoch, augmented by draws from the seed (fill_sft_row; `sft` holds the file's index
   //   and the rates), cut at max_seq_len and right-padded; labels on the answers only.
+  //   With sft_rows.packing, an epoch's conversations in that order are packed side by side
+  //   (pack_rows) and a row's tail is padding; Batch::starts says where each one starts, and
+  //   a conversation's first label is -100 (no position before it predicts it).
   // Rank r of world w draws the rows of global batches b * w + r (disjoint shards).
   // Throws DataError when the file cannot fill one batch.
   BatchSampler(const TokenFile& tokens, std::string mode, int64_t batch_size, int64_t max_seq_len,
@@ -54,6 +74,14 @@ class BatchSampler {
   Batch pack_batch(int64_t global_batch) const;
   Batch pad_batch(int64_t global_batch) const;
   Batch sft_batch(int64_t global_batch) const;
+  Batch packed_sft_batch(int64_t global_batch) const;
+  // Conversation conv's augmentation draw in `epoch` (its own each epoch, as MiniMind draws
+  // them anew each time a row is made).
+  uint64_t sft_draw(uint64_t epoch, uint64_t conv) const;
+  // Packing: epoch e's rows (conversations as positions in the epoch's order), and where the
+  // global row `row` lies: (epoch, row within it).
+  const RowPacking& packed_epoch(int64_t epoch) const;
+  std::pair<int64_t, int64_t> packed_row_at(int64_t row) const;
   // The rows an epoch visits: documents, or conversations (two documents each) in sft mode.
   uint64_t units() const { return sft_ ? tokens_.num_docs() / 2 : tokens_.num_docs(); }
   const std::vector<uint32_t>& epoch_order(int64_t epoch) const;
@@ -67,6 +95,8 @@ class BatchSampler {
   std::shared_ptr<const SftIndex> sft_;
   SftRowsOptions sft_rows_;
   mutable std::map<int64_t, std::vector<uint32_t>> orders_;  // pad, sft: epoch -> order
+  mutable std::map<int64_t, RowPacking> packings_;           // packed sft: epoch -> rows
+  mutable std::vector<int64_t> epoch_rows_;                  // packed sft: rows per epoch so far
 };
 
 }  // namespace minimind

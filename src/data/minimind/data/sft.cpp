@@ -139,19 +139,45 @@ SftIndex SftIndex::read(const std::string& token_file) {
   return x;
 }
 
-int64_t fill_sft_row(const TokenFile& tokens, const SftIndex& index, uint64_t conv, uint64_t draw,
-                     const SftRowsOptions& o, int64_t* ids, int64_t* labels) {
+namespace {
+
+// What draw `draw` makes of conversation conv's row: which of its two documents, and the
+// system prompt that replaces the template's default block (nullptr: none).
+struct RowPlan {
+  uint64_t doc, skip = 0;
+  const std::vector<int32_t>* prompt = nullptr;
+};
+
+RowPlan row_plan(const SftIndex& index, uint64_t conv, uint64_t draw, const SftRowsOptions& o) {
   const uint64_t d1 = mix64(draw), d2 = mix64(d1), d3 = mix64(d2);
   const bool system = index.may_add_system.at(conv) && unit(d1) < o.add_system_ratio;
   // MiniMind removes the empty think blocks when its draw is above the ratio.
   const bool drop_think = unit(d3) > o.empty_think_ratio;
-  const uint64_t doc = 2 * conv + (drop_think ? 1 : 0);
-  if (!system) return fill_row(tokens, index, nullptr, doc, 0, o.max_seq_len, ids, labels);
-  // The prompt's block in place of the template's default one: the rendering after that
-  // block is the same ids (both blocks end in <|im_end|>\n before an <|im_start|>).
-  const std::vector<int32_t>& prompt = index.system[d2 % index.system.size()];
-  return fill_row(tokens, index, &prompt, doc, static_cast<uint64_t>(index.default_len),
-                  o.max_seq_len, ids, labels);
+  RowPlan p{2 * conv + (drop_think ? 1 : 0)};
+  if (system) {
+    // The prompt's block in place of the template's default one: the rendering after that
+    // block is the same ids (both blocks end in <|im_end|>\n before an <|im_start|>).
+    p.prompt = &index.system[d2 % index.system.size()];
+    p.skip = static_cast<uint64_t>(index.default_len);
+  }
+  return p;
+}
+
+}  // namespace
+
+int64_t fill_sft_row(const TokenFile& tokens, const SftIndex& index, uint64_t conv, uint64_t draw,
+                     const SftRowsOptions& o, int64_t* ids, int64_t* labels) {
+  const RowPlan p = row_plan(index, conv, draw, o);
+  return fill_row(tokens, index, p.prompt, p.doc, p.skip, o.max_seq_len, ids, labels);
+}
+
+int64_t sft_row_length(const TokenFile& tokens, const SftIndex& index, uint64_t conv, uint64_t draw,
+                       const SftRowsOptions& o) {
+  const RowPlan p = row_plan(index, conv, draw, o);
+  const uint64_t len = tokens.doc_length(p.doc);
+  const auto n =
+      static_cast<int64_t>((p.prompt ? p.prompt->size() : 0) + len - std::min(p.skip, len));
+  return std::min(n, o.max_seq_len);
 }
 
 int64_t fill_sft_eval_row(const TokenFile& tokens, const SftIndex& index, uint64_t conv,

@@ -85,6 +85,8 @@ struct SftRowsOptions {
   double add_system_ratio = 0.2;
   double empty_think_ratio = 0.2;
   int64_t max_seq_len = 0;
+  // data.sft_packing: conversations side by side in rows of max_seq_len (BatchSampler).
+  bool packing = false;
 };
 
 // Conversation `conv`'s row for draw `draw` (a 64-bit hash: which augmentations apply), as
@@ -94,6 +96,10 @@ struct SftRowsOptions {
 // labels point to max_seq_len int64 each. Returns the row's unpadded length.
 int64_t fill_sft_row(const TokenFile& tokens, const SftIndex& index, uint64_t conv, uint64_t draw,
                      const SftRowsOptions& o, int64_t* ids, int64_t* labels);
+
+// The unpadded length of fill_sft_row's row for the same arguments, without making it.
+int64_t sft_row_length(const TokenFile& tokens, const SftIndex& index, uint64_t conv, uint64_t draw,
+                       const SftRowsOptions& o);
 
 // Conversation `conv`'s evaluation row: its rendering, no augmentation (fill_sft_row's
 // layout). Returns the unpadded length.

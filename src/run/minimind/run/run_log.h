@@ -39,10 +39,12 @@ struct TrainRecord {
   double lr = 0;                               // at the last step
   double grad_norm = 0;                        // before clipping
   double tok_per_s = 0;                        // training tokens per second (eval excluded)
-  double elapsed = 0;                          // training seconds of the run so far
-  std::optional<double> allreduce_ms;          // per step, multi-process runs only
-  std::optional<double> z_loss;                // router z-loss (summed over layers), when it is on
-  std::optional<double> dropped;  // fraction of assignments capacity dropped, when it is on
+  // of which not padding, when some were (data.mode pad and sft)
+  std::optional<double> real_tok_per_s;
+  double elapsed = 0;                  // training seconds of the run so far
+  std::optional<double> allreduce_ms;  // per step, multi-process runs only
+  std::optional<double> z_loss;        // router z-loss (summed over layers), when it is on
+  std::optional<double> dropped;       // fraction of assignments capacity dropped, when it is on
 
   template <class R, class F>
   static void fields(R& r, F&& f) {
@@ -50,7 +52,8 @@ struct TrainRecord {
     f("step", r.step), f("tokens", r.tokens), f("flops", r.flops), f("loss", r.loss);
     f("lm_loss", r.lm_loss);
     f("aux_loss", r.aux_loss), f("lr", r.lr), f("grad_norm", r.grad_norm);
-    f("tok_per_s", r.tok_per_s), f("elapsed", r.elapsed), f("allreduce_ms", r.allreduce_ms);
+    f("tok_per_s", r.tok_per_s), f("real_tok_per_s", r.real_tok_per_s);
+    f("elapsed", r.elapsed), f("allreduce_ms", r.allreduce_ms);
     f("z_loss", r.z_loss), f("dropped", r.dropped);
   }
 };

@@ -85,7 +85,7 @@ std::vector<VariantSpeed> compare_variants(
       optimizer_step(
           v.model, *v.opt,
           [&] {
-            return Batch{ids, ids};
+            return Batch{ids, ids, {}};
           },
           so);
       if (s >= warmup) v.seconds.push_back(clock.seconds());

@@ -64,11 +64,14 @@ void ConsoleObserver::on_interval(const IntervalInfo& i) {
   const std::string lab = (r.z_loss ? fmt::format(" | z {:.5f}", *r.z_loss) : "") +
                           (r.dropped ? fmt::format(" | dropped {:.1f}%", 100 * *r.dropped) : "");
   if (full_) {
+    // Padded rows (pad, sft): how many of those tokens were text.
+    const std::string real =
+        r.real_tok_per_s ? fmt::format(" ({:.0f} not padding)", *r.real_tok_per_s) : "";
     log_.info(
         "step {}/{} | loss {:.4f} | lm {:.4f} | aux {:.5f}{} | lr {:.2e} | grad {:.3f} | "
-        "{:.0f} tok/s | ETA {}",
+        "{:.0f} tok/s{} | ETA {}",
         r.step, max_steps_, r.loss, r.lm_loss, r.aux_loss, lab, r.lr, r.grad_norm, r.tok_per_s,
-        format_duration(eta_));
+        real, format_duration(eta_));
   } else {
     // At most ~105 columns for a run of 10^6 steps; z and dropped on a line of their own.
     log_.info(

@@ -80,7 +80,7 @@ void IntervalWindow::on_step(const StepInfo& s) {
       for (int64_t c : layer) assigned_ += c;
   }
   ++steps_;
-  tokens_ += st.tokens;
+  tokens_ += st.tokens, real_tokens_ += st.real_tokens;
   counts_.add(st.counts);
   layer_stats::add(layers_, st.layers, 1.0);
   if (s.step % interval_ != 0 && s.step != s.max_steps) return;
@@ -93,6 +93,7 @@ void IntervalWindow::on_step(const StepInfo& s) {
   r.loss = loss_ / n, r.lm_loss = lm_ / n, r.aux_loss = aux_ / n;
   r.lr = s.lr, r.grad_norm = grad_norm_ / n;
   r.tok_per_s = tokens_ / std::max(1e-9, clock_.seconds());
+  if (real_tokens_ < tokens_) r.real_tok_per_s = real_tokens_ / std::max(1e-9, clock_.seconds());
   r.elapsed = s.run_seconds;
   if (multi_rank_) r.allreduce_ms = 1e3 * comm_ / n;
   if (z_loss_on_) r.z_loss = z_ / n;
@@ -101,7 +102,7 @@ void IntervalWindow::on_step(const StepInfo& s) {
   info.layers = interval_means(std::move(layers_), n);
   // The next interval starts empty.
   loss_ = lm_ = aux_ = z_ = grad_norm_ = comm_ = 0;
-  steps_ = tokens_ = dropped_ = assigned_ = 0;
+  steps_ = tokens_ = real_tokens_ = dropped_ = assigned_ = 0;
   counts_ = ExpertCounts{};
   layers_.clear();
   clock_.restart();
@@ -117,6 +118,7 @@ void IntervalWindow::save_state(nlohmann::json& into) const {
                       {"comm_seconds", comm_},
                       {"steps", steps_},
                       {"tokens", tokens_},
+                      {"real_tokens", real_tokens_},
                       {"counts", counts_.layers},
                       {"dropped", dropped_},
                       {"assigned", assigned_},
@@ -131,6 +133,7 @@ void IntervalWindow::restore_state(const nlohmann::json& from) {
   loss_ = w.at("loss"), lm_ = w.at("lm_loss"), aux_ = w.at("aux_loss");
   grad_norm_ = w.at("grad_norm"), comm_ = w.at("comm_seconds");
   steps_ = w.at("steps"), tokens_ = w.at("tokens");
+  real_tokens_ = w.value("real_tokens", tokens_);  // checkpoints from before: all real
   counts_.layers = w.at("counts").get<std::vector<std::vector<int64_t>>>();
   // Checkpoints from before the balancing lab have no z-loss or drop sums.
   z_ = w.value("z_loss", 0.0);

@@ -31,7 +31,7 @@ class IntervalWindow : public Observer {
   bool multi_rank_, z_loss_on_ = false;
   double flops_per_token_;
   double loss_ = 0, lm_ = 0, aux_ = 0, z_ = 0, grad_norm_ = 0, comm_ = 0;
-  int64_t steps_ = 0, tokens_ = 0;
+  int64_t steps_ = 0, tokens_ = 0, real_tokens_ = 0;
   // Capacity: dropped and all assignments, all layers; both stay 0 while no step reports
   // drops (no capacity), and then the interval has no dropped fraction.
   int64_t dropped_ = 0, assigned_ = 0;

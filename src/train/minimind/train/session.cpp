@@ -351,6 +351,7 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
   SftRowsOptions chat_rows;
   chat_rows.add_system_ratio = cfg.data.add_system_ratio;
   chat_rows.empty_think_ratio = cfg.data.empty_think_ratio;
+  chat_rows.packing = cfg.data.sft_packing;
   s.sampler.emplace(s.train_tokens, cfg.data.mode, cfg.train.batch_size, cfg.data.max_seq_len,
                     static_cast<uint64_t>(cfg.run.seed), dist.rank(), dist.world_size(),
                     s.train_chat, chat_rows);

@@ -25,6 +25,7 @@ struct StepStats {
   std::vector<torch::Tensor> qb;
   double router_grad_seconds = 0;  // what measuring them cost
   int64_t tokens = 0;              // input tokens of all micro-batches
+  int64_t real_tokens = 0;         // of which not padding
   bool finite = true;              // false: nothing was applied
   double comm_seconds = 0;         // in all-reduces (multi-process runs)
   double micro_seconds = 0;        // forwards and backwards of the micro-batches

@@ -20,11 +20,11 @@ namespace {
 // the ranks, as each LayerStats field combines (small all-reduces, one per kind).
 void reduce_stats(StepStats& s, Distributed& dist) {
   std::vector<double> means{s.lm_loss, s.aux_loss, s.z_loss}, sums, maxima;
-  std::vector<int64_t> totals{s.tokens};
+  std::vector<int64_t> totals{s.tokens, s.real_tokens};
   // Gathers (put = false) or puts back each layer's fields in one order, each into the
   // vector of its kind; `last` fields are alike on every rank.
   auto walk = [&](bool put) {
-    size_t at_mean = 3, at_sum = 0, at_max = 0, at_total = 1;
+    size_t at_mean = 3, at_sum = 0, at_max = 0, at_total = 2;
     auto move = [put](auto& x, auto& values, size_t& at) {
       if (put) {
         x = values[at++];
@@ -72,7 +72,7 @@ void reduce_stats(StepStats& s, Distributed& dist) {
     maxima.assign(spread.data_ptr<double>(), spread.data_ptr<double>() + spread.numel());
   }
   s.lm_loss = means[0], s.aux_loss = means[1], s.z_loss = means[2];
-  s.tokens = totals[0];
+  s.tokens = totals[0], s.real_tokens = totals[1];
   walk(true);
 }
 
@@ -133,8 +133,8 @@ class RouterGradProbe {
 };
 
 // Adds one micro-batch's figures to the step's, or one shard's (whose losses are its part
-// of the micro-batch's, so the shards' add up to it); `tokens` its input tokens.
-void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, double A) {
+// of the micro-batch's, so the shards' add up to it); `ids` its input ids.
+void add_micro_batch(StepStats& s, const ForwardOutput& out, const torch::Tensor& ids, double A) {
   s.lm_loss += out.loss.item<double>() / A;
   s.aux_loss += out.aux_loss.item<double>() / A;
   s.z_loss += out.z_loss.item<double>() / A;
@@ -143,7 +143,8 @@ void add_micro_batch(StepStats& s, const ForwardOutput& out, int64_t tokens, dou
   layer_stats::add(s.layers, layers, A);
   s.counts.add(out.per_layer(&MoEStats::counts));
   s.counts.add_router(out.per_layer(&MoEStats::router_sums));
-  s.tokens += tokens;
+  s.tokens += ids.numel();
+  s.real_tokens += (ids != 0).sum().item<int64_t>();  // padding is id 0, as the model counts
   if (s.qb.size() < out.moe.size()) s.qb.resize(out.moe.size());
   for (size_t l = 0; l < out.moe.size(); ++l) {
     const torch::Tensor& q = out.moe[l].qb;  // histogram [E, B] or r [n, E]
@@ -204,7 +205,7 @@ class ShardedMicroBatches {
     struct Part {
       ForwardOutput out;
       std::vector<torch::Tensor> grads, balance;
-      int64_t tokens = 0;
+      torch::Tensor ids;  // [rows, T]
       double forward_seconds = 0, balance_seconds = 0;
     };
     std::vector<Part> parts(static_cast<size_t>(n));
@@ -216,6 +217,7 @@ class ShardedMicroBatches {
       ForwardOptions fo;
       fo.shard = &shard;
       fo.logits = false;
+      if (batch.starts.defined()) fo.starts = batch.starts.narrow(0, r0, rows);
       p.out = model(batch.input_ids.narrow(0, r0, rows), batch.labels.narrow(0, r0, rows), fo);
       scopes_[static_cast<size_t>(i)].add_to(p.out, rows * T, &shard);
       p.forward_seconds = clock.seconds();
@@ -227,9 +229,9 @@ class ShardedMicroBatches {
       p.grads = torch::autograd::grad({(p.out.loss + p.out.aux_loss + p.out.z_loss) / A}, params_,
                                       {}, /*retain_graph=*/false,
                                       /*create_graph=*/false, /*allow_unused=*/true);
-      p.tokens = rows * T;
+      p.ids = batch.input_ids.narrow(0, r0, rows);
     });
-    for (const Part& p : parts) add_micro_batch(s, p.out, p.tokens, A);
+    for (const Part& p : parts) add_micro_batch(s, p.out, p.ids, A);
     s.forward_seconds += parts[0].forward_seconds;
     if (probe)  // the shards measured side by side: the wall time is one shard's
       for (const Part& p : parts) probe->add(p.balance, &p == &parts[0] ? p.balance_seconds : 0);
@@ -290,6 +292,7 @@ void RoutingChange::measure(MiniMindForCausalLM& model, std::vector<LayerStats>&
   model->eval();
   ForwardOptions fo;
   fo.head = false;  // only the routers are read
+  fo.starts = starts_;
   const ForwardOutput out = model->forward(ids_, torch::Tensor(), fo);
   model->train(was_training);
   const torch::Tensor real = (ids_ != 0).reshape({-1});  // [N] padding is routed, not counted
@@ -364,12 +367,13 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
     const Stopwatch forward_clock;
     ForwardOptions fo;
     fo.logits = false;
+    fo.starts = batch.starts;
     ForwardOutput out = model(batch.input_ids, batch.labels, fo);
     scope.add_to(out, batch.input_ids.numel());
     s.forward_seconds += forward_clock.seconds();
     if (probe) probe->add((out.aux_loss + out.z_loss) / A);
     ((out.loss + out.aux_loss + out.z_loss) / A).backward();
-    add_micro_batch(s, out, batch.input_ids.numel(), A);
+    add_micro_batch(s, out, batch.input_ids, A);
   }
   s.micro_seconds = micro_clock.seconds();
   fill_missing_gradients(params);

@@ -49,13 +49,16 @@ struct StepOptions {
 // would. Under expert parallelism every rank of the group must call it at the same steps.
 class RoutingChange : public Observer {
  public:
-  explicit RoutingChange(torch::Tensor probe_ids) : ids_(std::move(probe_ids)) {}
+  // probe_starts: the rows' conversation starts when they are packed (Batch::starts).
+  explicit RoutingChange(torch::Tensor probe_ids, torch::Tensor probe_starts = {})
+      : ids_(std::move(probe_ids)), starts_(std::move(probe_starts)) {}
   void measure(MiniMindForCausalLM& model, std::vector<LayerStats>& layers);
   void save_state(nlohmann::json& into) const override;
   void restore_state(const nlohmann::json& from) override;
 
  private:
   torch::Tensor ids_;                // [B, T] int64
+  torch::Tensor starts_;             // [B, T] int64 or undefined
   std::vector<torch::Tensor> last_;  // per MoE layer: [n, k] each real token's sorted choice
 };
 

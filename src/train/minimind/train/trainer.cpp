@@ -136,8 +136,11 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
   // steps. Not with the random router, whose choices would draw from training's generator.
   std::optional<RoutingChange> routing_change;
   if (cfg.model.use_moe && cfg.model.router != RouterKind::random) {
-    const torch::Tensor first = s->sampler->batch(0).input_ids;  // [B, T]
-    routing_change.emplace(first.narrow(0, 0, std::min<int64_t>(first.size(0), 8)));
+    const Batch first = s->sampler->batch(0);  // [B, T]
+    const int64_t rows = std::min<int64_t>(first.input_ids.size(0), 8);
+    routing_change.emplace(first.input_ids.narrow(0, 0, rows), first.starts.defined()
+                                                                   ? first.starts.narrow(0, 0, rows)
+                                                                   : torch::Tensor());
     std::vector<LayerStats> none;
     routing_change->measure(s->model, none);
     bus.add(*routing_change);
