@@ -69,6 +69,8 @@ struct Args {
   bool decode = false, special = false;  // tokenize
   bool chat = false;                     // tokenize --chat
   int64_t max_seq_len = 0;               // tokenize --chat: rows of this many ids
+  // tokenize --chat: end with the next answer's opening (chat's prompt), open think block
+  bool generation_prompt = false, think = false;
   minimind::GenerateOptions gen;
 };
 
@@ -119,9 +121,14 @@ int tokenize_chat(const Args& a, const minimind::Tokenizer& tok) {
     throw Error("tokenize --chat needs --data FILE.jsonl (one {\"conversations\": [...]} a line)");
   if (a.decode || a.special) throw Error("tokenize --chat takes neither --decode nor --special");
   if (a.max_seq_len < 0) throw Error("--max-seq-len must be positive (0: whole conversations)");
+  if (a.think && !a.generation_prompt) throw Error("tokenize --think needs --generation-prompt");
   const SftEncoder enc(tok);
   const CorpusStats stats = read_conversations(a.data, {}, [&](Conversation&& c, int64_t line) {
-    const SftRow row = enc.row(enc.encode(c), a.max_seq_len);
+    // As chat's prompt for the next answer, or as training renders it.
+    const SftRow row =
+        enc.row(a.generation_prompt ? enc.encode(enc.chat_template().render(c, {true, a.think}))
+                                    : enc.encode(c),
+                a.max_seq_len);
     if (a.json) {
       std::cout << nlohmann::json{{"ids", row.ids}, {"labels", row.labels}}.dump() << "\n";
     } else {
@@ -748,6 +755,11 @@ int main(int argc, char** argv) {
                      "conversation rendered by the tokenizer's chat template, with its labels");
   tokenize->add_option("--max-seq-len", a.max_seq_len,
                        "--chat: cut and pad each conversation to rows of N ids, as training does");
+  tokenize->add_flag("--generation-prompt", a.generation_prompt,
+                     "--chat: end each conversation with the opening of the next answer, the "
+                     "prompt chat answers (an empty think block, as chat starts answers)");
+  tokenize->add_flag("--think", a.think,
+                     "--generation-prompt: open the think block instead (chat --think)");
 
   if (const int status =
           minimind_app::parse_command_line(app, static_cast<int>(args.size()), args.data());

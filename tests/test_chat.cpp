@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -133,6 +134,31 @@ TEST(ChatTemplate, AnotherTextIsRefused) {
 }
 
 // json.dumps(x, ensure_ascii=False) as Python writes it (values printed by CPython 3.11).
+// Our chat_template text for MiniMind-3 (what exports of the tool's own tokenizers carry)
+// renders every test conversation as MiniMind-3's own text does under Jinja as transformers
+// runs it (python3-jinja2, tests/reference/chat_ref.py), whole and as the prompt of an answer
+// with the think block empty or open; and it is recognised as MiniMind-3's.
+TEST(ChatTemplate, OurJinjaTextRendersAsMiniMind3s) {
+  const std::string& ours = ChatTemplate::minimind3().jinja();
+  EXPECT_EQ(ChatTemplate::identify(ours, "ours").kind(), ChatTemplate::Kind::minimind3);
+  const std::string dir = test::temp_dir("chat_jinja"), config = dir + "/tokenizer_config.json";
+  test::write_text(config, nlohmann::json{{"chat_template", ours}}.dump());
+  const std::string render = std::string(MINIMIND_PYTHON) + " " +
+                             test::source_path("tests/reference/chat_ref.py") + " render ";
+  const std::string corpus = " " + test::source_path("tests/data/chat-corpus.jsonl") + " ";
+  for (const char* prompt : {"none", "answer", "think"}) {
+    SCOPED_TRACE(prompt);
+    const test::Command want = test::run_command(
+        render + test::source_path("tests/data/minimind-tokenizer/tokenizer_config.json") + corpus +
+        prompt);
+    const test::Command got = test::run_command(render + config + corpus + prompt);
+    ASSERT_EQ(want.status, 0) << want.err;
+    ASSERT_EQ(got.status, 0) << got.err;
+    EXPECT_EQ(std::count(want.out.begin(), want.out.end(), '\n'), 21);
+    EXPECT_EQ(got.out, want.out);
+  }
+}
+
 TEST(ChatTemplate, ToJsonIsPythonsJsonDumps) {
   const auto j = nlohmann::ordered_json::parse(
       R"({"b": 1, "a": [1.0, 1e-05, 1e16, 1e15, 0.0001, -2.5e-07, 123.456, 5e-324],

@@ -239,11 +239,9 @@ TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
       same += ll["tokens"][i].get<std::vector<int64_t>>() == c.text_ids[i];
     EXPECT_EQ(same, static_cast<int64_t>(c.texts.size())) << "texts tokenised as we do";
     // MiniMind's tokenizer.json came with its chat template: the file carries it, under
-    // llama.cpp's key; our sentencepiece tokenizers have no template text to carry.
-    if (name == "mmtok")
-      EXPECT_EQ(ll["chat_template"], minimind_chat_template());
-    else
-      EXPECT_TRUE(ll["chat_template"].is_null());
+    // llama.cpp's key; our sentencepiece tokenizers carry MiniMind-3's in our words.
+    EXPECT_EQ(ll["chat_template"],
+              name == "mmtok" ? minimind_chat_template() : ChatTemplate::minimind3().jinja());
     EvalModel m = load_eval_model(c.run, "", "", true);
     int64_t positions = 0;
     const double diff = max_logprob_diff(ll, our_logprobs(m, c), positions, c);
@@ -266,6 +264,88 @@ TEST_F(ExportTest, LlamaCppRunsTheGgufExactly) {
   EvalModel m = load_eval_model(c.run, "", "", true);
   const auto ids = ll["greedy"].get<std::vector<int32_t>>();
   EXPECT_EQ(ours.out, "It is a truth universally acknowledged" + m.tokenizer->decode(ids) + "\n");
+}
+
+// A conversation through the GGUF as a node-llama-cpp user chats: the chat wrapper it
+// resolves from the file's chat_template turns each conversation into the prompt ids
+// minimind-eval tokenize --chat --generation-prompt --think makes (node-llama-cpp opens the
+// think block, as chat --think does), and llama.cpp's greedy answer, to the end of the turn,
+// is the text minimind-eval chat --greedy --think writes. Conversations with a system turn,
+// several turns, and a language other than English; for MiniMind's tokenizer.json with its
+// template and for the tool's sentencepiece tokenizer with ours (ChatTemplate::jinja).
+TEST_F(ExportTest, LlamaCppChatsAsMinimindEvalDoes) {
+  const nlohmann::json conversations = nlohmann::json::parse(R"([
+    [{"role": "user", "content": "Who is Mr Darcy?"}],
+    [{"role": "system", "content": "You answer in one sentence."},
+     {"role": "user", "content": "Where does Elizabeth live?"},
+     {"role": "assistant", "content": "At Longbourn, in Hertfordshire."},
+     {"role": "user", "content": "And her sister Jane?"}],
+    [{"role": "user", "content": "Bonjour ! Qui êtes-vous ?"}]
+  ])");
+  const std::string data = *dir_ + "/chat.jsonl", cases = *dir_ + "/chat.cases.json";
+  std::string lines;
+  for (const auto& conv : conversations)
+    lines += nlohmann::json{{"conversations", conv}}.dump() + "\n";
+  test::write_text(data, lines);
+  const int64_t tokens = 48;
+  test::write_text(cases,
+                   nlohmann::json{{"conversations", conversations}, {"tokens", tokens}}.dump());
+  const std::string eval = std::string(MINIMIND_EVAL_BIN);
+  // MiniMind's tokenizer.json with its own template, and ours (sentencepiece) with ours, each
+  // model fine-tuned on the test conversations first (150 steps: its answers vary, and some
+  // close their turn).
+  int64_t ended = 0;
+  for (const char* name : {"mmtok", "moe"}) {
+    SCOPED_TRACE(name);
+    const std::string run = *dir_ + "/" + name + "-chat";
+    {
+      const Config cfg =
+          load_config(test::source_path("configs/sft.yaml"),
+                      {"train.init_from=" + cases_->at(name).run,
+                       "data.train=" + test::source_path("tests/data/chat-corpus.jsonl"),
+                       "data.val=", "data.val_fraction=0", "data.max_seq_len=128",
+                       "data.cache_dir=" + *dir_ + "/cache", "train.batch_size=4",
+                       "train.max_steps=150", "train.learning_rate=2e-3", "train.warmup_steps=5",
+                       "train.checkpoint_interval=150", "run.threads=1"})
+              .config;
+      TrainOptions options;
+      options.out_dir = run;
+      train(cfg, options);
+    }
+    const std::string gguf = run + ".gguf";
+    const Command e = export_cmd(run + " --format gguf --out " + gguf);
+    ASSERT_EQ(e.status, 0) << e.err;
+    const Command node =
+        test::run_command(node_script("check_chat.mjs") + " " + gguf + " " + cases);
+    ASSERT_EQ(node.status, 0) << node.err;
+    const nlohmann::json ll = nlohmann::json::parse(node.out);
+    EXPECT_EQ(ll["wrapper"], "JinjaTemplate") << "node-llama-cpp renders the file's template";
+
+    const Command prompts = test::run_command(eval + " tokenize " + run + " --chat --data " + data +
+                                              " --generation-prompt --think --json");
+    ASSERT_EQ(prompts.status, 0) << prompts.err;
+    test::write_text(*dir_ + "/chat.prompts.jsonl", prompts.out);
+    const std::vector<nlohmann::json> ours_prompts =
+        test::read_jsonl(*dir_ + "/chat.prompts.jsonl");
+    ASSERT_EQ(ours_prompts.size(), conversations.size());
+    const Command answers =
+        test::run_command(eval + " chat " + run + " --data " + data +
+                          " --json --greedy --think --max-new-tokens " + std::to_string(tokens));
+    ASSERT_EQ(answers.status, 0) << answers.err;
+    const nlohmann::json ours = nlohmann::json::parse(answers.out);
+    EvalModel m = load_eval_model(run, "", "", true);
+    for (size_t i = 0; i < conversations.size(); ++i) {
+      SCOPED_TRACE("conversation " + std::to_string(i + 1));
+      ended += ll["ended"][i].get<bool>();
+      EXPECT_EQ(ll["prompts"][i].get<std::vector<int64_t>>(),
+                ours_prompts[i]["ids"].get<std::vector<int64_t>>());
+      const auto ids = ll["answers"][i].get<std::vector<int32_t>>();
+      EXPECT_FALSE(ids.empty());
+      EXPECT_EQ(ours["answers"][i]["text"].get<std::string>(), m.tokenizer->decode(ids));
+      EXPECT_EQ(ours["answers"][i]["ended"].get<bool>(), ll["ended"][i].get<bool>());
+    }
+  }
+  EXPECT_GT(ended, 0) << "not vacuous: some answer closes its turn";
 }
 
 // f16 and bf16 weight matrices (norms, router and bias stay f32): the log-probabilities
@@ -318,13 +398,12 @@ TEST_F(ExportTest, HuggingFaceDirectoryReproducesOurLogitsAndIds) {
       EXPECT_EQ(test::read_text(out + "/tokenizer.json"),
                 test::read_text(test::source_path("tests/data/minimind-tokenizer/tokenizer.json")));
     }
-    // The chat template a tokenizer.json came with, for apply_chat_template.
+    // The chat template, for apply_chat_template: the one a tokenizer.json came with, or
+    // MiniMind-3's in our words.
     const nlohmann::json tok_config =
         nlohmann::json::parse(test::read_text(out + "/tokenizer_config.json"));
-    if (copied)
-      EXPECT_EQ(tok_config.value("chat_template", ""), minimind_chat_template());
-    else
-      EXPECT_FALSE(tok_config.contains("chat_template"));
+    EXPECT_EQ(tok_config.value("chat_template", ""),
+              copied ? minimind_chat_template() : ChatTemplate::minimind3().jinja());
     const nlohmann::json config = nlohmann::json::parse(test::read_text(out + "/config.json"));
     EXPECT_EQ(config["architectures"][0],
               name == "dense" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM");

@@ -6,12 +6,13 @@ render: each conversation of a chat JSONL rendered by a tokenizer_config.json's 
   trim_blocks and lstrip_blocks, tojson as json.dumps without ASCII escaping), the messages
   and tools built as MiniMind's SFTDataset.create_chat_prompt builds them (every turn carries
   the five fields its datasets Features declare, None where absent; tools and tool_calls JSON
-  strings parsed). Prints {"text": ...} per conversation.
+  strings parsed). Prints {"text": ...} per conversation. PROMPT (default none): "answer"
+  renders with add_generation_prompt, "think" also with open_thinking.
 labels: each line of ids (the tokenizer's ids of a rendered text), cut at MAX_LEN and padded
   with id 0 as SFTDataset does (MAX_LEN 0: as they are), labelled by generate_labels' rule
   with the ids of "<|im_start|>assistant\\n" and "<|im_end|>\\n". Prints {"ids", "labels"}.
 
-Usage: chat_ref.py render TOKENIZER_CONFIG.json CHAT.jsonl
+Usage: chat_ref.py render TOKENIZER_CONFIG.json CHAT.jsonl [none|answer|think]
        chat_ref.py labels IDS.txt OPEN_IDS CLOSE_IDS MAX_LEN
 """
 import json
@@ -28,7 +29,7 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
                       sort_keys=sort_keys)
 
 
-def render(config_path, corpus_path):
+def render(config_path, corpus_path, prompt="none"):
     template = json.load(open(config_path, encoding="utf-8"))["chat_template"]
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
@@ -46,7 +47,9 @@ def render(config_path, corpus_path):
             if m["tool_calls"] and isinstance(m["tool_calls"], str):
                 m["tool_calls"] = json.loads(m["tool_calls"])
             messages.append(m)
-        text = compiled.render(messages=messages, tools=tools, add_generation_prompt=False)
+        extra = {"open_thinking": True} if prompt == "think" else {}
+        text = compiled.render(messages=messages, tools=tools,
+                               add_generation_prompt=prompt != "none", **extra)
         print(json.dumps({"text": text}, ensure_ascii=False))
 
 
@@ -84,6 +87,6 @@ def labels(ids_path, open_text, close_text, max_len):
 
 if __name__ == "__main__":
     if sys.argv[1] == "render":
-        render(sys.argv[2], sys.argv[3])
+        render(*sys.argv[2:5])
     else:
         labels(*sys.argv[2:6])

@@ -307,11 +307,75 @@ std::string parse_conversation(std::string_view line, Conversation& out) {
   return "";
 }
 
+namespace {
+
+// MiniMind-3's chat format as a Jinja chat_template of our own writing, for the files the
+// tool writes from a tokenizer that came without one (its sentencepiece tokenizers): every
+// conversation renders to the text MiniMind-3's own template gives (tests/chat_exact.sh,
+// with Jinja). Every tag trims the whitespace before it, so it renders alike with or without
+// transformers' trim_blocks and lstrip_blocks. (MiniMind's template also computes the last
+// user query's index, which it never reads.)
+constexpr const char* kMiniMind3Jinja =
+    R"JINJA({#- MiniMind-3's chat format, as minimind-cpp writes it -#}
+{%- if tools %}
+  {{- '<|im_start|>system\n' }}
+  {%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+  {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+  {%- for tool in tools %}{{- '\n' }}{{- tool | tojson }}{%- endfor %}
+  {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+  {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+  {%- set text = m.content if m.content is string else '' %}
+  {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+    {{- '<|im_start|>' + m.role + '\n' + text + '<|im_end|>\n' }}
+  {%- elif m.role == 'assistant' %}
+    {%- set thought = '' %}
+    {%- if m.reasoning_content is string %}
+      {%- set thought = m.reasoning_content %}
+    {%- elif '</think>' in text %}
+      {%- set thought = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+      {%- set text = text.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+    {{- '<|im_start|>assistant\n<think>\n' + thought.strip('\n') + '\n</think>\n\n' + text.lstrip('\n') }}
+    {%- if m.tool_calls %}
+      {%- for call in m.tool_calls %}
+        {%- if text or not loop.first %}{{- '\n' }}{%- endif %}
+        {%- set f = call.function if call.function else call %}
+        {{- '<tool_call>\n{"name": "' }}{{- f.name }}{{- '", "arguments": ' }}
+        {%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}
+        {{- '}\n</tool_call>' }}
+      {%- endfor %}
+    {%- endif %}
+    {{- '<|im_end|>\n' }}
+  {%- elif m.role == 'tool' %}
+    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+    {{- '\n<tool_response>\n' + text + '\n</tool_response>' }}
+    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+  {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+  {{- '<|im_start|>assistant\n' }}
+  {%- if open_thinking is defined and open_thinking is true %}{{- '<think>\n' }}{%- else %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %})JINJA";
+
+}  // namespace
+
+const std::string& ChatTemplate::jinja() const {
+  static const std::string minimind3 = kMiniMind3Jinja;
+  if (kind_ != Kind::minimind3)
+    throw TokenizerError(std::string("no chat_template text of our own for the ") + name() +
+                         " template (a tokenizer with it carries MiniMind's)");
+  return minimind3;
+}
+
 ChatTemplate ChatTemplate::identify(const std::string& text, const std::string& source) {
   // The chat_template of MiniMind's model/tokenizer_config.json (minimind-3, 3,895 bytes) and
-  // of its MiniMind2 generation (3,342 bytes).
+  // of its MiniMind2 generation (3,342 bytes), and ours for MiniMind-3 (jinja()).
   const uint64_t h = fnv1a(text);
   if (h == 0xa42856d092c2689bull && text.size() == 3895) return ChatTemplate(Kind::minimind3);
+  if (text == kMiniMind3Jinja) return ChatTemplate(Kind::minimind3);
   if (h == 0xd2c221ad78b4395dull && text.size() == 3342) return ChatTemplate(Kind::minimind2);
   throw TokenizerError(
       "the chat_template of '" + source +

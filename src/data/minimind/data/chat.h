@@ -57,6 +57,9 @@ class ChatTemplate {
 
   Kind kind() const { return kind_; }
   const char* name() const;  // "MiniMind-3", "MiniMind2"
+  // A chat_template text of our own writing that renders as this template (MiniMind-3 only:
+  // the text files get from a tokenizer without one); identify() recognises it.
+  const std::string& jinja() const;
 
   // The text apply_chat_template(messages, tools=<the system turn's tools>, tokenize=False,
   // add_generation_prompt=...) gives with this template.

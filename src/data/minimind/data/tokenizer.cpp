@@ -355,6 +355,13 @@ std::string Tokenizer::config_json() const {
   return j.dump(2) + "\n";
 }
 
+std::string Tokenizer::chat_template_for_files() const {
+  if (bpe_) return chat_template_;
+  const SpecialIds& s = specials();
+  if (piece(s.bos) != "<|im_start|>" || piece(s.eos) != "<|im_end|>") return "";
+  return ChatTemplate::minimind3().jinja();
+}
+
 ChatTemplate Tokenizer::chat_template() const {
   if (!bpe_) return ChatTemplate::minimind3();
   if (chat_template_.empty())

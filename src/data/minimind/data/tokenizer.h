@@ -91,6 +91,11 @@ class Tokenizer {
   // The chat_template text a tokenizer.json came with ("" for none, and for a sentencepiece
   // model, whose template the tool knows but has no text of): what exports carry.
   const std::string& chat_template_text() const { return chat_template_; }
+  // The chat_template text written into files made from this tokenizer (GGUF, a Hugging Face
+  // directory): the one it came with; for a sentencepiece model whose bos and eos are
+  // MiniMind's turn markers (the tool's own), MiniMind-3's in our words (ChatTemplate::jinja);
+  // else "".
+  std::string chat_template_for_files() const;
 
   // The ids of a text, no bos or eos added. The special tokens' texts in it are those tokens,
   // as Hugging Face's library and llama.cpp read them: "<|im_start|>" typed in a chat is the

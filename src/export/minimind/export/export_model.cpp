@@ -57,6 +57,9 @@ void add_gguf_special_ids(GgufWriter& w, const SpecialIds& s) {
   w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(s.bos));
   w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(s.eos));
   w.add_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(s.pad));
+  // The end of a turn is eos (<|im_end|>): unpinned, llama.cpp takes the pad's
+  // <|endoftext|> for it, and a chat through it would not stop where the model ends a turn.
+  w.add_u32("tokenizer.ggml.eot_token_id", static_cast<uint32_t>(s.eos));
   w.add_bool("tokenizer.ggml.add_bos_token", true);
   w.add_bool("tokenizer.ggml.add_eos_token", false);
 }
@@ -84,8 +87,6 @@ void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe,
   w.add_i32s("tokenizer.ggml.token_type", types);
   w.add_strings("tokenizer.ggml.merges", merges);
   add_gguf_special_ids(w, specials);
-  // pins llama.cpp's end-of-turn pick
-  w.add_u32("tokenizer.ggml.eot_token_id", static_cast<uint32_t>(specials.eos));
 }
 
 // The tokenizer as llama.cpp's "llama" (sentencepiece) vocabulary.
@@ -97,6 +98,9 @@ void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
       w.add_string("tokenizer.chat_template", tok.chat_template_text());
     return;
   }
+  // Ours: MiniMind-3's template in our words, when the model has its turn markers.
+  if (const std::string chat = tok.chat_template_for_files(); !chat.empty())
+    w.add_string("tokenizer.chat_template", chat);
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;

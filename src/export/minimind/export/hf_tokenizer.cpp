@@ -122,8 +122,10 @@ std::string hf_tokenizer_config(const Tokenizer& tok, int64_t model_max_length) 
   c["add_eos_token"] = false;
   c["clean_up_tokenization_spaces"] = false;
   c["model_max_length"] = model_max_length;
-  // The chat template a tokenizer.json came with, for apply_chat_template.
-  if (!tok.chat_template_text().empty()) c["chat_template"] = tok.chat_template_text();
+  // The chat template, for apply_chat_template: the one a tokenizer.json came with, or
+  // MiniMind-3's in our words for our sentencepiece models.
+  if (const std::string chat = tok.chat_template_for_files(); !chat.empty())
+    c["chat_template"] = chat;
   return c.dump(2) + "\n";
 }
 
