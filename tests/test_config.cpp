@@ -196,6 +196,29 @@ TEST(ConfigErrors, InvalidValuesNameKeyAndLine) {
   expect_error("model:\n  hidden_act: gelu\n", {"model.hidden_act", "silu"});
   expect_error("model:\n  router_aux_loss_coef: -1\n", {"model.router_aux_loss_coef", ">= 0"});
   expect_error("data:\n  mode: stream\n", {"data.mode", "line 2", "pack"});
+  // train.freeze: list keys in a file, refused names said with the key's line.
+  expect_error("train:\n  freeze: [experts, brain]\n",
+               {"train.freeze", "line 2", "unknown group \"brain\"", "shared_experts"});
+  expect_error("train:\n  freeze: [router]\n", {"train.freeze", "no router", "use_moe"});
+  expect_error("model:\n  use_moe: true\ntrain:\n  freeze: [shared_experts]\n",
+               {"train.freeze", "n_shared_experts is 0"});
+  expect_error("train:\n  freeze: [norms, norms]\n", {"train.freeze", "named twice"});
+  expect_error("train:\n  freeze: [attention, embeddings, norms, experts]\n",
+               {"train.freeze", "every parameter"});
+  expect_error("train:\n  freeze: {router: 1}\n", {"train.freeze", "a list of names"});
+  expect_error("", {"train.freeze", "unknown group \"brain\""}, {"train.freeze=[brain]"});
+  {
+    // --set's list form, one name, and the resolved config's YAML reading back the same.
+    Config cfg = load_config_string("model:\n  use_moe: true\n", "t");
+    apply_override(cfg, "train.freeze=[router, shared_experts]");
+    EXPECT_EQ(cfg.train.freeze, (std::vector<std::string>{"router", "shared_experts"}));
+    apply_override(cfg, "train.freeze=router");
+    EXPECT_EQ(cfg.train.freeze, (std::vector<std::string>{"router"}));
+    validate_and_resolve(cfg);
+    EXPECT_EQ(load_config_string(config_to_yaml(cfg), "again").train.freeze, cfg.train.freeze);
+    apply_override(cfg, "train.freeze=[]");
+    EXPECT_TRUE(cfg.train.freeze.empty());
+  }
   expect_error("data:\n  mode: pad\n  sft_packing: true\n",
                {"data.sft_packing", "line 3", "data.mode sft", "\"pad\""});
   expect_error("data:\n  max_seq_len: 70000\n", {"data.max_seq_len", "max_position_embeddings"});

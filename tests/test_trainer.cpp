@@ -23,6 +23,7 @@
 #include "minimind/dist/distributed.h"
 #include "minimind/eval/evaluate.h"
 #include "minimind/model/minimind_model.h"
+#include "minimind/model/param_groups.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/run/checkpoint.h"
 #include "minimind/run/routing_metrics.h"
@@ -249,8 +250,69 @@ TEST(Trainer, PackedChatDataTrainsInShardsAndResumesBitForBit) {
   EXPECT_EQ(stopped_and_resumed(cfg, dir + "/split", 3), full.step_losses);
 }
 
-// Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still
-// repeats the uninterrupted one bit for bit.
+// train.freeze, in --set's list form: the frozen groups keep the source run's values bit
+// for bit (the router's selection bias too), the others train, and the start-up line says
+// how many parameters train; in shards side by side (2 threads), and resumed bit for bit
+// (AdamW's saved state is the trained parameters' alone).
+TEST(Trainer, FrozenGroupsKeepTheSourceValuesBitForBit) {
+  const std::string dir = temp_dir("freeze");
+  const std::vector<std::string> bias = {"model.router_bias_update_rate=0.01",
+                                         "model.scoring_func=sigmoid"};
+  Config base_cfg = tiny_config(dir, bias);
+  TrainOptions base;
+  base.out_dir = dir + "/base";
+  train(base_cfg, base);
+  std::vector<std::string> sets = bias;
+  for (const char* s : {"train.freeze=[router, attention, norms]", "run.threads=2"})
+    sets.push_back(s);
+  sets.push_back("train.init_from=" + dir + "/base");
+  const Config cfg = tiny_config(dir, sets);
+  ASSERT_EQ(cfg.train.freeze, (std::vector<std::string>{"router", "attention", "norms"}));
+  TrainOptions tuned;
+  tuned.out_dir = dir + "/tuned";
+  const TrainResult full = train(cfg, tuned);
+  const std::string log = read_text(dir + "/tuned/train.log");
+  const auto at = log.find("training ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_NE(log.find("frozen: router, attention, norms", at), std::string::npos) << log;
+
+  MiniMindForCausalLM before(cfg.model), after(cfg.model);
+  load_weights(before, dir + "/base/checkpoints/step_00000008/model.pth");
+  load_weights(after, dir + "/tuned/checkpoints/step_00000008/model.pth");
+  const auto b = state_dict(before), a = state_dict(after);
+  ASSERT_EQ(a.size(), b.size());
+  int64_t kept = 0, trained = 0, frozen_numel = 0, total_numel = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string group = param_group(a[i].first);
+    const bool frozen =
+        group == "router" || group == "attention" || group == "norms" ||
+        a[i].first.find("e_score_correction_bias") != std::string::npos;  // the gate's bias
+    SCOPED_TRACE(a[i].first);
+    if (frozen) {
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second));
+      ++kept;
+    } else if (!group.empty()) {
+      trained += !torch::equal(a[i].second, b[i].second);
+    }
+  }
+  for (const auto& p : after->named_parameters()) {
+    const std::string group = param_group(p.key());
+    total_numel += p.value().numel();
+    if (group == "router" || group == "attention" || group == "norms")
+      frozen_numel += p.value().numel();
+  }
+  EXPECT_GT(kept, 10);
+  EXPECT_GT(trained, 3) << "the experts and embeddings trained";
+  EXPECT_NE(log.find(fmt::format("training {} of {} parameters", total_numel - frozen_numel,
+                                 total_numel)),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(stopped_and_resumed(cfg, dir + "/split", 3), full.step_losses);
+}
+
+// Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still// Two
+// threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still repeats the
+// uninterrupted one bit for bit.
 TEST(Trainer, ResumeInShardsContinuesWithTheSameLosses) {
   const std::string dir = temp_dir("resume_shards");
   Config cfg = tiny_config(dir, {"run.threads=2"});

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -179,6 +180,7 @@ const std::vector<Field>& config_fields() {
       MM_FIELD(train, upcycle_drop),
       MM_FIELD(train, upcycle_scaling),
       MM_FIELD(train, init_other_tokenizer),
+      MM_FIELD(train, freeze),
       MM_FIELD(log, interval),
       MM_FIELD(log, collapse_max_share),
       MM_FIELD(log, collapse_dead_experts),
@@ -485,6 +487,45 @@ void validate_train(const Checker& c, const TrainConfig& t) {
     c.fail("train.upcycle_scaling", "scales upcycled experts: it needs train.init_mode: upcycle");
 }
 
+const std::vector<std::string>& freeze_groups() {
+  static const std::vector<std::string> groups = {"router",    "experts",    "shared_experts",
+                                                  "attention", "embeddings", "norms"};
+  return groups;
+}
+
+// train.freeze: known groups, each once, the model's, and not every one of them.
+void validate_freeze(const Checker& c, const Config& cfg) {
+  const std::vector<std::string>& groups = cfg.train.freeze;
+  if (groups.empty()) return;
+  const ModelConfig& m = cfg.model;
+  // The model's groups: a dense model's feed-forward is its "experts".
+  std::vector<std::string> present = {"attention", "embeddings", "norms", "experts"};
+  if (m.use_moe) {
+    present.push_back("router");  // hash layers too: their gate gives the mixing weights
+    if (m.n_shared_experts > 0) present.push_back("shared_experts");
+  }
+  std::vector<std::string> seen;
+  for (const std::string& g : groups) {
+    if (std::find(freeze_groups().begin(), freeze_groups().end(), g) == freeze_groups().end())
+      c.fail("train.freeze", "unknown group \"" + g +
+                                 "\"; groups are router, experts, shared_experts, attention, "
+                                 "embeddings, norms");
+    else if (std::find(present.begin(), present.end(), g) == present.end())
+      c.fail("train.freeze", "this model has no " + g +
+                                 (g == "shared_experts" ? " (model.n_shared_experts is 0)"
+                                                        : " (model.use_moe is false)"));
+    else if (std::find(seen.begin(), seen.end(), g) != seen.end())
+      c.fail("train.freeze", "\"" + g + "\" is named twice");
+    seen.push_back(g);
+  }
+  if (cfg.run.expert_parallel > 1)
+    c.fail("train.freeze", "is not yet supported with run.expert_parallel > 1");
+  if (std::all_of(present.begin(), present.end(), [&](const std::string& g) {
+        return std::find(groups.begin(), groups.end(), g) != groups.end();
+      }))
+    c.fail("train.freeze", "freezes every parameter of the model: nothing would train");
+}
+
 void validate_run(const Checker& c, const RunConfig& r) {
   // A name, never a path: runs/<name> must be a directory of its own under runs/ ("." or
   // ".." would make it runs/ itself or the working directory).
@@ -523,6 +564,7 @@ std::vector<std::string> validate_and_resolve(Config& cfg) {
   validate_model(c, cfg.model);
   validate_data(c, cfg);
   validate_train(c, cfg.train);
+  validate_freeze(c, cfg);
   c.positive("log.interval", cfg.log.interval);
   c.in_range("log.collapse_max_share", cfg.log.collapse_max_share, 0.0, 1.0, false);
   c.positive("log.collapse_dead_experts", cfg.log.collapse_dead_experts);

@@ -175,6 +175,10 @@ struct TrainConfig {
   // init_from with a data.tokenizer other than the one its weights were trained with (their
   // run's copy): refused unless this says it is meant (the weights' ids then mean other text).
   bool init_other_tokenizer = false;
+  // Parameter groups that keep their values (fine-tuning): router, experts (a dense layer's
+  // feed-forward too), shared_experts, attention, embeddings (and an untied lm_head), norms.
+  // docs/fine-tuning.md, "What to train".
+  std::vector<std::string> freeze;
 };
 
 struct LogConfig {
@@ -215,9 +219,13 @@ struct Config {
 
 // ---- The key table: one entry per YAML key, used for parsing, --set and writing back.
 // Choices (choices.h) are parsed and written by their names.
-using FieldRef = std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
-                              AuxScope*, ScoringFunc*, BiasRule*, QbEstimator*, HashTable*,
-                              DropPolicy*, RouterKind*, Precision*, MatmulBackend*>;
+// train.freeze's groups, in the order docs/fine-tuning.md lists them.
+const std::vector<std::string>& freeze_groups();
+
+using FieldRef =
+    std::variant<int64_t*, double*, bool*, std::string*, std::optional<int64_t>*,
+                 std::vector<std::string>*, AuxScope*, ScoringFunc*, BiasRule*, QbEstimator*,
+                 HashTable*, DropPolicy*, RouterKind*, Precision*, MatmulBackend*>;
 
 struct Field {
   const char* section;

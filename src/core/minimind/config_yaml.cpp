@@ -70,9 +70,26 @@ bool parse_double(const std::string& s, double& out) {
 void assign(Config& cfg, const Field& field, const YAML::Node& node, const std::string& origin) {
   const std::string key = field.path();
   const bool null = node.IsNull();
+  FieldRef ref = field.bind(cfg);
+  if (auto* p = std::get_if<std::vector<std::string>*>(&ref)) {
+    // A list of names: [a, b] (in a file or --set), one name, or null / [] for none.
+    (*p)->clear();
+    if (node.IsSequence()) {
+      for (const auto& item : node) {
+        if (!item.IsScalar() || item.Scalar().empty())
+          type_error(key, origin, "a list of names, e.g. [router, experts]", node);
+        (*p)->push_back(item.Scalar());
+      }
+    } else if (node.IsScalar() && !node.Scalar().empty()) {
+      (*p)->push_back(node.Scalar());
+    } else if (!null && !(node.IsScalar() && node.Scalar().empty())) {
+      type_error(key, origin, "a list of names, e.g. [router, experts]", node);
+    }
+    cfg.origin[key] = origin;
+    return;
+  }
   if (!null && !node.IsScalar()) type_error(key, origin, "a single value", node);
   const std::string s = null ? "" : node.Scalar();
-  FieldRef ref = field.bind(cfg);
 
   if (auto* p = std::get_if<int64_t*>(&ref)) {
     if (!parse_int(s, **p)) type_error(key, origin, "an integer", node);
@@ -331,6 +348,11 @@ std::string value_text(Config& cfg, const Field& f) {
   if (auto* p = std::get_if<double*>(&ref)) return fmt::format("{}", **p);
   if (auto* p = std::get_if<bool*>(&ref)) return **p ? "true" : "false";
   if (auto* p = std::get_if<std::string*>(&ref)) return "\"" + **p + "\"";
+  if (auto* p = std::get_if<std::vector<std::string>*>(&ref)) {
+    std::string list;
+    for (const std::string& name : **p) list += (list.empty() ? "" : ", ") + name;
+    return "[" + list + "]";
+  }
   return "\"" + choice_text(ref) + "\"";  // written as the strings they were
 }
 }  // namespace
@@ -387,6 +409,10 @@ std::string config_to_yaml(const Config& cfg_in) {
       out << (**p ? "true" : "false");
     } else if (auto* p = std::get_if<std::string*>(&ref)) {
       out << YAML::DoubleQuoted << **p;
+    } else if (auto* p = std::get_if<std::vector<std::string>*>(&ref)) {
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const std::string& name : **p) out << name;
+      out << YAML::EndSeq;
     } else {
       out << YAML::DoubleQuoted << choice_text(ref);
     }

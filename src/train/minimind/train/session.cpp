@@ -9,6 +9,7 @@
 #include "minimind/data/prepare.h"
 #include "minimind/data/tokenizer.h"
 #include "minimind/eval/eval_inputs.h"
+#include "minimind/model/param_groups.h"
 #include "minimind/model/weights_io.h"
 #include "minimind/train/optim.h"
 #include "minimind/train/train_step.h"
@@ -62,6 +63,10 @@ int64_t check_resumed_config(const Config& cfg, const TrainState& saved_state,
                     checkpoint, name_of(cfg.run.precision), name_of(saved.run.precision)),
         fmt::format("resume with run.precision: {} (or start a new run)",
                     name_of(saved.run.precision)));
+  // The optimizer's state is the trained parameters', in order.
+  if (saved.train.freeze != cfg.train.freeze)
+    throw CheckpointError("cannot resume '" + checkpoint + "' with another train.freeze",
+                          "resume with the run's own config: " + run_dir + "/config.yaml");
   for (const auto& d : config_differences(saved, cfg))
     log.warn("resuming with a changed setting: {}", d);
   log.info("resuming {} from step {} ({} tokens seen)", checkpoint, saved_state.step,
@@ -386,7 +391,24 @@ void set_up(TrainSession& s, const Config& cfg, const std::optional<InitSource>&
   const WeightsSource* init = from ? &from->weights : nullptr;
   if (init && !s.run.checkpoint) upcycled = load_init_weights(s.model, cfg.train, init->weights);
   if (s.ep) apply_expert_parallel(s.model, *s.ep);
-  s.optimizer = make_optimizer(s.model->parameters(), cfg.train);
+  // train.freeze: those groups keep their values; only the others get gradients and AdamW
+  // state.
+  std::vector<torch::Tensor> trained;
+  int64_t frozen = 0, total = 0;
+  for (auto& p : s.model->named_parameters()) {
+    total += p.value().numel();
+    const auto& f = cfg.train.freeze;
+    if (std::find(f.begin(), f.end(), param_group(p.key())) == f.end()) {
+      trained.push_back(p.value());
+    } else {
+      p.value().set_requires_grad(false);
+      frozen += p.value().numel();
+    }
+  }
+  if (!cfg.train.freeze.empty() && main_rank)
+    log.info("training {} of {} parameters ({} frozen: {})", total - frozen, total, frozen,
+             fmt::format("{}", fmt::join(cfg.train.freeze, ", ")));
+  s.optimizer = make_optimizer(trained, cfg.train);
   if (s.run.checkpoint) s.state = load_checkpoint(*s.run.checkpoint, s.model, *s.optimizer);
   if (init && !s.run.checkpoint) {
     StartFrom r;

@@ -417,7 +417,7 @@ StepStats optimizer_step(MiniMindForCausalLM& model, torch::optim::Optimizer& op
         optimizer.step();
       // Aux-loss-free balancing: the bias follows this step's counts (every rank has the
       // same sums, so the same bias).
-      model->update_router_bias(s.counts.layers, s.qb);
+      if (o.update_router_bias) model->update_router_bias(s.counts.layers, s.qb);
     }
     clear_gradients(params);
   }

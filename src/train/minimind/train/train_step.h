@@ -39,6 +39,8 @@ struct StepOptions {
   // (side_by_side.h); the losses, counts and gradients are the micro-batch's within float
   // rounding, and the same bits run after run. The compute plan says how many (compute_plan.h).
   int shards = 1;
+  // false: the selection biases stay as they are (a frozen router, train.freeze).
+  bool update_router_bias = true;
 };
 
 // Live routing change (LayerStats::routing_change): a fixed probe batch, re-routed in eval

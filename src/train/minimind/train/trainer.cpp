@@ -1,5 +1,6 @@
 #include "minimind/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -175,6 +176,10 @@ TrainResult run_loop(TrainSession* s, const Config& cfg, const TrainOptions& opt
     so.accumulation_steps = tc.accumulation_steps, so.grad_clip = tc.grad_clip, so.lr = lr;
     so.parallel = s->parallel;
     so.router_grads = so.expert_similarity = log_step && cfg.model.use_moe;
+    // A frozen router has no gradient to measure, and its selection bias stays too.
+    const auto& frozen = cfg.train.freeze;
+    if (std::find(frozen.begin(), frozen.end(), "router") != frozen.end())
+      so.router_grads = false, so.update_router_bias = false;
     so.shards = s->plan.shards;
     StepStats st = optimizer_step(
         s->model, *s->optimizer, [&] { return s->sampler->next(); }, so);
