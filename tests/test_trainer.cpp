@@ -308,6 +308,30 @@ TEST(Trainer, FrozenGroupsKeepTheSourceValuesBitForBit) {
             std::string::npos)
       << log;
   EXPECT_EQ(stopped_and_resumed(cfg, dir + "/split", 3), full.step_losses);
+
+  // The routed experts frozen, on our experts node (fp32 on oneDNN) and ATen's form: they
+  // keep their values, and the two forms train the rest alike (no weight gradient formed
+  // for frozen experts in our node).
+  std::vector<torch::Tensor> embeddings;
+  for (const char* matmul : {"run.matmul=onednn", "run.matmul=openblas"}) {
+    std::vector<std::string> experts_sets = {"train.freeze=[experts, router]",
+                                             "train.init_from=" + dir + "/base", matmul};
+    experts_sets.insert(experts_sets.end(), bias.begin(), bias.end());
+    TrainOptions o;
+    o.out_dir = dir + "/experts_" + std::string(matmul).substr(11);
+    train(tiny_config(dir, experts_sets), o);
+    MiniMindForCausalLM e(cfg.model);
+    load_weights(e, o.out_dir + "/checkpoints/step_00000008/model.pth");
+    const auto w = state_dict(e);
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (param_group(w[i].first) == "experts") {
+        EXPECT_TRUE(torch::equal(w[i].second, b[i].second)) << w[i].first;
+      }
+    }
+    embeddings.push_back(e->model->embed_tokens->weight.clone());
+  }
+  EXPECT_FALSE(torch::equal(embeddings[0], before->model->embed_tokens->weight));
+  EXPECT_TRUE(torch::allclose(embeddings[0], embeddings[1], 1e-4, 1e-5));
 }
 
 // Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still// Two

@@ -146,8 +146,12 @@ struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
     // Every expert's weight gradients in one buffer: per expert [gate [I, H]; up [I, H];
     // down [H, I]], zero for an idle expert (MiniMind's 0 * sum(params)).
     const int64_t per_expert = 3 * I * H;
-    torch::Tensor grads = torch::empty({E, per_expert}, weight.options());  // [E, 3IH]
-    for (int64_t e = 0; e < E; ++e)
+    // Frozen experts (train.freeze): no weight gradients to form. The edges are the tensor
+    // inputs only: x, weight, token, then the experts' weights.
+    const bool weight_grads = ctx->needs_input_grad(3);
+    torch::Tensor grads =
+        torch::empty({weight_grads ? E : 0, per_expert}, weight.options());  // [E, 3IH]
+    for (int64_t e = 0; e < E && weight_grads; ++e)
       if (counts[e] == 0) grads[e].zero_();
     torch::Tensor gweight = torch::empty_like(weight);  // [M]
     // The input gradient: added into gx as the tasks go when they run one after another,
@@ -164,7 +168,7 @@ struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
           const int64_t off = first[e], m = counts[e];
           const auto* w_gu = static_cast<const T*>(weights[2 * e].data_ptr());
           const auto* w_down = static_cast<const T*>(weights[2 * e + 1].data_ptr());
-          float* g_e = grads.data_ptr<float>() + e * per_expert;
+          float* g_e = weight_grads ? grads.data_ptr<float>() + e * per_expert : nullptr;
           auto* gy_w = scratch_of<T>(kWeightedRows, m * H);  // [m, H]
           weighted_gradient_rows(gy.data_ptr<float>(), w + off, tok + off, m, H, gy_w);
           auto* ga = scratch_of<float>(kGa, m * I);  // [m, I] d/da = gy_w @ W_down
@@ -181,14 +185,16 @@ struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
             if (std::fabs(w[off + i]) < kTinyWeight)
               gweight_e[i] = direct_weight_gradient(gy.data_ptr<float>() + tok[off + i] * H,
                                                     a + i * I, w_down, H, I);
-          // d/dW_down [H, I] = gy_w^T @ a.
-          in_part(StepPart::product_grad_weight,
-                  [&] { gemm_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I); });
-          // [d/dW_gate; d/dW_up] [2I, H] = drows^T @ x_e.
-          auto* xe = scratch_of<T>(kRows, m * H);  // [m, H]
-          gather_rows(xp, H * sizeof(T), tok + off, m, xe);
-          in_part(StepPart::product_grad_weight,
-                  [&] { gemm_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H); });
+          if (weight_grads) {
+            // d/dW_down [H, I] = gy_w^T @ a.
+            in_part(StepPart::product_grad_weight,
+                    [&] { gemm_rows('T', 'N', H, I, m, gy_w, H, a, I, g_e + 2 * I * H, I); });
+            // [d/dW_gate; d/dW_up] [2I, H] = drows^T @ x_e.
+            auto* xe = scratch_of<T>(kRows, m * H);  // [m, H]
+            gather_rows(xp, H * sizeof(T), tok + off, m, xe);
+            in_part(StepPart::product_grad_weight,
+                    [&] { gemm_rows('T', 'N', 2 * I, H, m, drows, 2 * I, xe, H, g_e, H); });
+          }
           // The rows' input gradient [m, H] = drows @ [W_gate; W_up]: both uses in one sum.
           float* gx_e = serial ? scratch_of<float>(kOut, m * H) : gxs.data_ptr<float>() + off * H;
           in_part(StepPart::product_grad_input,
@@ -201,7 +207,8 @@ struct RoutedSwiGLUFused : torch::autograd::Function<RoutedSwiGLUFused<T>> {
     // Each weight's gradient a view of `grads` made in one op (select, narrow and view made
     // four: 3,000 ops a step with E = 64).
     variable_list result{gx, gweight, torch::Tensor(), torch::Tensor()};
-    for (int64_t e = 0; e < E; ++e) {
+    if (!weight_grads) result.resize(4 + 3 * E);  // undefined: frozen
+    for (int64_t e = 0; e < E && weight_grads; ++e) {
       const int64_t at = grads.storage_offset() + e * per_expert;
       result.push_back(grads.as_strided({I, H}, {H, 1}, at));
       result.push_back(grads.as_strided({I, H}, {H, 1}, at + I * H));
