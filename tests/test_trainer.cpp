@@ -334,6 +334,40 @@ TEST(Trainer, FrozenGroupsKeepTheSourceValuesBitForBit) {
   EXPECT_TRUE(torch::allclose(embeddings[0], embeddings[1], 1e-4, 1e-5));
 }
 
+// A dense model with its embeddings (the tied output projection too) and feed-forward frozen,
+// on our nodes (fp32 on oneDNN: the head-and-loss node and the dense SwiGLU node, which then
+// form no weight gradients): those keep the source's values, attention trains.
+TEST(Trainer, FrozenEmbeddingsAndDenseFeedForwardKeepTheirValues) {
+  const std::string dir = temp_dir("freeze_dense");
+  const std::vector<std::string> dense = {"model.use_moe=false", "run.matmul=onednn"};
+  TrainOptions base;
+  base.out_dir = dir + "/base";
+  train(tiny_config(dir, dense), base);
+  std::vector<std::string> sets = dense;
+  sets.push_back("train.freeze=[embeddings, experts]");
+  sets.push_back("train.init_from=" + dir + "/base");
+  const Config cfg = tiny_config(dir, sets);
+  TrainOptions tuned;
+  tuned.out_dir = dir + "/tuned";
+  train(cfg, tuned);
+  MiniMindForCausalLM before(cfg.model), after(cfg.model);
+  load_weights(before, dir + "/base/checkpoints/step_00000008/model.pth");
+  load_weights(after, dir + "/tuned/checkpoints/step_00000008/model.pth");
+  const auto b = state_dict(before), a = state_dict(after);
+  int64_t kept = 0, trained = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string group = param_group(a[i].first);
+    if (group == "embeddings" || group == "experts") {
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+      ++kept;
+    } else if (group == "attention") {
+      trained += !torch::equal(a[i].second, b[i].second);
+    }
+  }
+  EXPECT_EQ(kept, 2 + 3 * 2);  // the embedding and its tied lm_head entry, 2 x gate/up/down
+  EXPECT_EQ(trained, 4 * 2);   // q, k, v, o of 2 layers
+}
+
 // Two threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still// Two
 // threads: each micro-batch of 4 rows in 2 shards side by side; a resumed run still repeats the
 // uninterrupted one bit for bit.

@@ -69,12 +69,15 @@ struct DenseSwiGLUFused : torch::autograd::Function<DenseSwiGLUFused<E>> {
                              I, nullptr, rows_of<E>(a) + r0 * I, rows_of<E>(drows) + r0 * 2 * I);
       });
     });
-    torch::Tensor g_down, g_gu, gx;
+    torch::Tensor gx;
+    in_part(StepPart::product_grad_input, [&] { gx = matmul(drows, w_gu, node_products<E>); });
+    // A frozen feed-forward (train.freeze: [experts]) takes no weight gradients.
+    if (!ctx->needs_input_grad(1)) return {gx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    torch::Tensor g_down, g_gu;
     in_part(StepPart::product_grad_weight, [&] {
       g_down = matmul(gy.t(), a, node_products<E>);   // [H, I]
       g_gu = matmul(drows.t(), x, node_products<E>);  // [2I, H]
     });
-    in_part(StepPart::product_grad_input, [&] { gx = matmul(drows, w_gu, node_products<E>); });
     return {gx, g_gu.narrow(0, 0, I), g_gu.narrow(0, I, I), g_down};
   }
 };

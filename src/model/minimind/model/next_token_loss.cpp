@@ -264,10 +264,16 @@ struct HeadNextTokenLossFused : torch::autograd::Function<HeadNextTokenLossFused
         label_gradient(grad_out[0], total_weight, ctx->saved_data["mean"].toBool()).item<float>();
     torch::Tensor gh, gw;
     in_part(StepPart::product_grad_input, [&] { gh = matmul(unit, ws, node_products<E>); });
-    in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, node_products<E>); });
+    // A frozen output projection (train.freeze: [embeddings]) takes no gradient.
+    const bool weight_grad = ctx->needs_input_grad(1);
+    if (weight_grad)
+      in_part(StepPart::product_grad_weight, [&] { gw = matmul(unit.t(), hs, node_products<E>); });
     // With no label counted, unit is all zero and so are gh and gw, as the unfused form's
     // gradient; v (upstream / 0 for the mean) would turn them into NaN.
-    if (total_weight.item<double>() > 0) gh.mul_(v), gw.mul_(v);
+    if (total_weight.item<double>() > 0) {
+      gh.mul_(v);
+      if (weight_grad) gw.mul_(v);
+    }
     return {gh.view(ctx->saved_data["h_shape"].toIntVector()), gw, torch::Tensor(),
             torch::Tensor()};
   }
