@@ -1,6 +1,7 @@
 // The key table and the validation of a parsed Config.
 #include "minimind/config.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -507,9 +508,8 @@ void validate_freeze(const Checker& c, const Config& cfg) {
   std::vector<std::string> seen;
   for (const std::string& g : groups) {
     if (std::find(freeze_groups().begin(), freeze_groups().end(), g) == freeze_groups().end())
-      c.fail("train.freeze", "unknown group \"" + g +
-                                 "\"; groups are router, experts, shared_experts, attention, "
-                                 "embeddings, norms");
+      c.fail("train.freeze", "unknown group \"" + g + "\"; groups are " +
+                                 fmt::format("{}", fmt::join(freeze_groups(), ", ")));
     else if (std::find(present.begin(), present.end(), g) == present.end())
       c.fail("train.freeze", "this model has no " + g +
                                  (g == "shared_experts" ? " (model.n_shared_experts is 0)"

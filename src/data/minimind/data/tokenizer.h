@@ -89,7 +89,7 @@ class Tokenizer {
   // tokenizer.json has none, or one this tool does not render.
   ChatTemplate chat_template() const;
   // The chat_template text a tokenizer.json came with ("" for none, and for a sentencepiece
-  // model, whose template the tool knows but has no text of): what exports carry.
+  // model, whose template the tool knows natively; exports carry chat_template_for_files).
   const std::string& chat_template_text() const { return chat_template_; }
   // The chat_template text written into files made from this tokenizer (GGUF, a Hugging Face
   // directory): the one it came with; for a sentencepiece model whose bos and eos are

@@ -89,18 +89,8 @@ void add_gguf_byte_level_tokenizer(GgufWriter& w, const ByteLevelBpe& bpe,
   add_gguf_special_ids(w, specials);
 }
 
-// The tokenizer as llama.cpp's "llama" (sentencepiece) vocabulary.
-void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
-  if (tok.byte_level_bpe()) {
-    add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe(), tok.specials());
-    // The chat template it came with, under llama.cpp's key, for its chat.
-    if (!tok.chat_template_text().empty())
-      w.add_string("tokenizer.chat_template", tok.chat_template_text());
-    return;
-  }
-  // Ours: MiniMind-3's template in our words, when the model has its turn markers.
-  if (const std::string chat = tok.chat_template_for_files(); !chat.empty())
-    w.add_string("tokenizer.chat_template", chat);
+// Our sentencepiece model as llama.cpp's "llama" vocabulary.
+void add_gguf_sentencepiece_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -119,6 +109,17 @@ void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
   // Our sentencepiece model adds no dummy prefix; llama.cpp's default would add one and
   // change the first token of every text.
   w.add_bool("tokenizer.ggml.add_space_prefix", false);
+}
+
+// The tokenizer as llama.cpp reads one, and its chat template under llama.cpp's key, for its
+// chat: the one a tokenizer.json came with, or MiniMind-3's in our words for ours.
+void add_gguf_tokenizer(GgufWriter& w, const Tokenizer& tok) {
+  if (tok.byte_level_bpe())
+    add_gguf_byte_level_tokenizer(w, *tok.byte_level_bpe(), tok.specials());
+  else
+    add_gguf_sentencepiece_tokenizer(w, tok);
+  if (const std::string chat = tok.chat_template_for_files(); !chat.empty())
+    w.add_string("tokenizer.chat_template", chat);
 }
 
 std::string gguf_bytes(const EvalModel& em, ExportDtype dtype) {
